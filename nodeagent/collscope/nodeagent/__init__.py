@@ -1,0 +1,1 @@
+"""collscope node agent: reads trace rings and exports trace bundles (see spec/bundle-v1.md)."""

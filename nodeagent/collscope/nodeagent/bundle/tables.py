@@ -1,0 +1,291 @@
+"""The in-memory form of a trace bundle: columnar numpy tables, the input of analysis.
+
+Why columnar: a bundle of a 4,096-rank job holds millions of state flows; as Python objects they
+would take ten times their JSON size, as numpy rows they take about a third of it. Every table
+is a structured array sorted by (rank, time); strings (communicator ids, op, algo and proto
+names) are interned into two string tables and referenced by index.
+
+Shapes (one row each):
+
+- ``comms``  COMM_DTYPE: a ``comm`` record.
+- ``ops``    OP_DTYPE: an ``op`` completion record; ``peer`` is -1 for collectives.
+- ``states`` STATE_DTYPE: a ``state`` record; its flows are ``flows[flow_lo:flow_hi]``;
+  ``kernel_channels`` is -1 when the record has no ``kernel`` object.
+- ``flows``  FLOW_DTYPE: one (channel, peer, dir) entry of a state record. ``dir`` is
+  SEND (0) or RECV (1). Send rows use ``ready``/``sent``/``done``; recv rows use
+  ``posted``/``done``/``consumed``; the unused columns hold -1.
+- ``hw``     HW_DTYPE: a ``hw`` record, names interned in ``strings``.
+
+``BundleBuilder`` is the one way to make a ``Bundle``: the reader feeds it parsed lines, the
+simulator feeds it generated records. Both call the same ``add_*`` methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from collscope.nodeagent.bundle import models
+
+SEND = 0
+RECV = 1
+DIRS = ("send", "recv")
+
+COMM_DTYPE = np.dtype([
+    ("rank", "i4"), ("ts", "i8"), ("comm", "i4"), ("comm_rank", "i4"),
+    ("nranks", "i4"), ("nnodes", "i4"), ("name", "i4"),
+])
+OP_DTYPE = np.dtype([
+    ("rank", "i4"), ("ts", "i8"), ("comm", "i4"), ("seq", "i8"), ("op", "i4"),
+    ("bytes", "i8"), ("dtype", "i4"), ("algo", "i4"), ("proto", "i4"), ("channels", "i4"),
+    ("peer", "i4"), ("start", "i8"), ("end", "i8"),
+])
+STATE_DTYPE = np.dtype([
+    ("rank", "i4"), ("ts", "i8"), ("comm", "i4"), ("seq", "i8"), ("op", "i4"),
+    ("bytes", "i8"), ("start", "i8"), ("kernel_channels", "i4"), ("kernel_done", "i4"),
+    ("flow_lo", "i8"), ("flow_hi", "i8"),
+])
+FLOW_DTYPE = np.dtype([
+    ("channel", "i4"), ("peer", "i4"), ("dir", "i1"), ("total", "i8"), ("ready", "i8"),
+    ("sent", "i8"), ("posted", "i8"), ("done", "i8"), ("consumed", "i8"), ("idle_ns", "i8"),
+])
+HW_DTYPE = np.dtype([
+    ("rank", "i4"), ("ts", "i8"), ("node", "i4"), ("device", "i4"), ("metric", "i4"),
+    ("value", "f8"),
+])
+
+Table = npt.NDArray[np.void]
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A whole (or windowed) trace bundle in columnar form. Immutable once built."""
+
+    job: models.Job
+    comm_ids: tuple[str, ...]
+    strings: tuple[str, ...]
+    comms: Table
+    ops: Table
+    states: Table
+    flows: Table
+    hw: Table
+    source: str = "<memory>"
+
+    def comm_id(self, index: int) -> str:
+        return self.comm_ids[index]
+
+    def string(self, index: int) -> str:
+        return self.strings[index]
+
+    def comm_index(self, comm_id: str) -> int | None:
+        """Index of a communicator id in the tables, or None when the bundle never saw it."""
+        try:
+            return self.comm_ids.index(comm_id)
+        except ValueError:
+            return None
+
+    def string_index(self, text: str) -> int | None:
+        try:
+            return self.strings.index(text)
+        except ValueError:
+            return None
+
+    def state_flows(self, state_row: int) -> Table:
+        """The flow rows of one state record (a view, no copy)."""
+        row = self.states[state_row]
+        return self.flows[int(row["flow_lo"]):int(row["flow_hi"])]
+
+    @property
+    def ranks(self) -> npt.NDArray[np.int32]:
+        """Every global rank that wrote at least one record, sorted."""
+        parts = [t["rank"] for t in (self.comms, self.ops, self.states) if len(t)]
+        if not parts:
+            return np.zeros(0, dtype=np.int32)
+        return np.unique(np.concatenate(parts)).astype(np.int32)
+
+    def time_span(self) -> tuple[int, int] | None:
+        """(first, last) record timestamp in ns, or None for an empty bundle."""
+        parts = [t["ts"] for t in (self.comms, self.ops, self.states, self.hw) if len(t)]
+        if not parts:
+            return None
+        joined = np.concatenate(parts)
+        return int(joined.min()), int(joined.max())
+
+    def iter_records(self) -> Iterator[models.CommRecord | models.OpRecord |
+                                       models.StateRecord | models.HwRecord]:
+        """Every record as its pydantic model: comms, then ops, states, hw (writer, tests)."""
+        s = self.strings
+        for c in self.comms:
+            yield models.CommRecord(rank=int(c["rank"]), ts=int(c["ts"]),
+                                    comm=self.comm_ids[c["comm"]], comm_rank=int(c["comm_rank"]),
+                                    nranks=int(c["nranks"]), nnodes=int(c["nnodes"]),
+                                    name=s[c["name"]])
+        for o in self.ops:
+            peer = int(o["peer"])
+            yield models.OpRecord(rank=int(o["rank"]), ts=int(o["ts"]),
+                                  comm=self.comm_ids[o["comm"]], seq=int(o["seq"]),
+                                  op=s[o["op"]], bytes=int(o["bytes"]), dtype=s[o["dtype"]],
+                                  algo=s[o["algo"]], proto=s[o["proto"]],
+                                  channels=int(o["channels"]), start=int(o["start"]),
+                                  end=int(o["end"]), peer=None if peer < 0 else peer)
+        for i, st in enumerate(self.states):
+            flows: list[models.SendFlow | models.RecvFlow] = []
+            for f in self.state_flows(i):
+                flows.append(flow_model(f))
+            kc = int(st["kernel_channels"])
+            yield models.StateRecord(
+                rank=int(st["rank"]), ts=int(st["ts"]), comm=self.comm_ids[st["comm"]],
+                seq=int(st["seq"]), op=s[st["op"]], bytes=int(st["bytes"]),
+                start=int(st["start"]), flows=flows,
+                kernel=None if kc < 0 else models.KernelProgress(channels=kc,
+                                                                 done=int(st["kernel_done"])))
+        for h in self.hw:
+            yield models.HwRecord(rank=int(h["rank"]), ts=int(h["ts"]), node=s[h["node"]],
+                                  device=s[h["device"]], metric=s[h["metric"]],
+                                  value=float(h["value"]))
+
+
+def flow_model(row: Any) -> models.SendFlow | models.RecvFlow:
+    """One FLOW_DTYPE row as its pydantic model."""
+    if int(row["dir"]) == SEND:
+        return models.SendFlow(channel=int(row["channel"]), peer=int(row["peer"]), dir="send",
+                               total=int(row["total"]), ready=int(row["ready"]),
+                               sent=int(row["sent"]), done=int(row["done"]),
+                               idle_ns=int(row["idle_ns"]))
+    return models.RecvFlow(channel=int(row["channel"]), peer=int(row["peer"]), dir="recv",
+                           total=int(row["total"]), posted=int(row["posted"]),
+                           done=int(row["done"]), consumed=int(row["consumed"]),
+                           idle_ns=int(row["idle_ns"]))
+
+
+@dataclass
+class _Interner:
+    values: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, text: str) -> int:
+        i = self.index.get(text)
+        if i is None:
+            i = len(self.values)
+            self.values.append(text)
+            self.index[text] = i
+        return i
+
+
+# A flow as the builder takes it: (channel, peer, dir, total, ready, sent, posted, done,
+# consumed, idle_ns), dir SEND/RECV, unused counts -1. Tuples, not models: the simulator emits
+# millions of them.
+FlowTuple = tuple[int, int, int, int, int, int, int, int, int, int]
+
+
+class BundleBuilder:
+    """Accumulates records row by row and turns them into a sorted ``Bundle``.
+
+    Rows are kept as Python tuples until ``build()``; callers that stream (the reader) filter
+    before adding, so only the window they asked for is ever held.
+    """
+
+    def __init__(self, job: models.Job, *, source: str = "<memory>") -> None:
+        self.job = job
+        self.source = source
+        self._comm = _Interner()
+        self._str = _Interner()
+        self._str("")  # index 0 is the empty string: absent algo/proto/dtype/name
+        self._comms: list[tuple[Any, ...]] = []
+        self._ops: list[tuple[Any, ...]] = []
+        self._states: list[tuple[Any, ...]] = []
+        self._flows: list[FlowTuple] = []
+        self._hw: list[tuple[Any, ...]] = []
+
+    def add_comm(self, *, rank: int, ts: int, comm: str, comm_rank: int, nranks: int,
+                 nnodes: int = 1, name: str = "") -> None:
+        self._comms.append((rank, ts, self._comm(comm), comm_rank, nranks, nnodes,
+                            self._str(name)))
+
+    def add_op(self, *, rank: int, ts: int, comm: str, seq: int, op: str, nbytes: int,
+               start: int, end: int, dtype: str = "", algo: str = "", proto: str = "",
+               channels: int = 0, peer: int | None = None) -> None:
+        self._ops.append((rank, ts, self._comm(comm), seq, self._str(op), nbytes,
+                          self._str(dtype), self._str(algo), self._str(proto), channels,
+                          -1 if peer is None else peer, start, end))
+
+    def add_state(self, *, rank: int, ts: int, comm: str, seq: int, op: str, nbytes: int,
+                  start: int, flows: Sequence[FlowTuple] = (),
+                  kernel: tuple[int, int] | None = None) -> None:
+        lo = len(self._flows)
+        self._flows.extend(flows)
+        kc, kd = kernel if kernel is not None else (-1, -1)
+        self._states.append((rank, ts, self._comm(comm), seq, self._str(op), nbytes, start,
+                             kc, kd, lo, len(self._flows)))
+
+    def add_hw(self, *, rank: int, ts: int, node: str, device: str, metric: str,
+               value: float) -> None:
+        self._hw.append((rank, ts, self._str(node), self._str(device), self._str(metric),
+                         value))
+
+    def add_record(self, rec: models.CommRecord | models.OpRecord | models.StateRecord |
+                   models.HwRecord) -> None:
+        """Add one validated record model (the reader's slow path, tests)."""
+        if isinstance(rec, models.CommRecord):
+            self.add_comm(rank=rec.rank, ts=rec.ts, comm=rec.comm, comm_rank=rec.comm_rank,
+                          nranks=rec.nranks, nnodes=rec.nnodes, name=rec.name)
+        elif isinstance(rec, models.OpRecord):
+            self.add_op(rank=rec.rank, ts=rec.ts, comm=rec.comm, seq=rec.seq, op=rec.op,
+                        nbytes=rec.bytes, start=rec.start, end=rec.end, dtype=rec.dtype,
+                        algo=rec.algo, proto=rec.proto, channels=rec.channels, peer=rec.peer)
+        elif isinstance(rec, models.StateRecord):
+            self.add_state(rank=rec.rank, ts=rec.ts, comm=rec.comm, seq=rec.seq, op=rec.op,
+                           nbytes=rec.bytes, start=rec.start,
+                           flows=[flow_tuple(f) for f in rec.flows],
+                           kernel=None if rec.kernel is None else (rec.kernel.channels,
+                                                                   rec.kernel.done))
+        else:
+            self.add_hw(rank=rec.rank, ts=rec.ts, node=rec.node, device=rec.device,
+                        metric=rec.metric, value=rec.value)
+
+    def build(self) -> Bundle:
+        """Sort every table by (rank, time) and return the immutable ``Bundle``."""
+        comms = _sorted(np.array(self._comms, dtype=COMM_DTYPE), ("rank", "comm"))
+        ops = _sorted(np.array(self._ops, dtype=OP_DTYPE), ("rank", "end", "comm"))
+        states = np.array(self._states, dtype=STATE_DTYPE)
+        flows = np.array(self._flows, dtype=FLOW_DTYPE)
+        order = np.lexsort((states["comm"], states["ts"], states["rank"]))
+        if len(order) and not np.all(order[1:] > order[:-1]):
+            states, flows = _reorder_states(states, flows, order)
+        hw = _sorted(np.array(self._hw, dtype=HW_DTYPE), ("rank", "ts"))
+        return Bundle(job=self.job, comm_ids=tuple(self._comm.values),
+                      strings=tuple(self._str.values), comms=comms, ops=ops, states=states,
+                      flows=flows, hw=hw, source=self.source)
+
+
+def flow_tuple(f: models.SendFlow | models.RecvFlow) -> FlowTuple:
+    if isinstance(f, models.SendFlow):
+        return (f.channel, f.peer, SEND, f.total, f.ready, f.sent, -1, f.done, -1, f.idle_ns)
+    return (f.channel, f.peer, RECV, f.total, -1, -1, f.posted, f.done, f.consumed, f.idle_ns)
+
+
+def _sorted(table: Table, keys: tuple[str, ...]) -> Table:
+    if len(table) == 0:
+        return table
+    order = np.lexsort(tuple(table[k] for k in reversed(keys)))
+    return table[order]
+
+
+def _reorder_states(states: Table, flows: Table, order: npt.NDArray[np.intp]
+                    ) -> tuple[Table, Table]:
+    """Reorder state rows and lay their flows out again so each state's flows stay contiguous."""
+    states = states[order]
+    lengths = states["flow_hi"] - states["flow_lo"]
+    take = np.concatenate([np.arange(lo, hi) for lo, hi in
+                           zip(states["flow_lo"], states["flow_hi"], strict=True)]
+                          ) if len(states) else np.zeros(0, dtype=np.int64)
+    flows = flows[take.astype(np.intp)]
+    hi = np.cumsum(lengths)
+    states = states.copy()
+    states["flow_lo"] = hi - lengths
+    states["flow_hi"] = hi
+    return states, flows

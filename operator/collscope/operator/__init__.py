@@ -1,0 +1,1 @@
+"""collscope operator: trigger, root-cause analysis and remediation for training jobs."""
