@@ -1,0 +1,83 @@
+"""Human renderings of a Diagnosis: the summary `collscope analyze` prints and the
+`kubectl get diagnoses -o wide`-style table `collscope demo` prints.
+
+Pure string building; the CLI decides where it goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from collscope.operator.analysis import diagnosis
+
+_NS_PER_S = 1_000_000_000
+
+
+def summary(d: diagnosis.Diagnosis, *, source: str, start_ns: int | None = None) -> str:
+    """A few lines an SRE reads first: verdict, culprit, cause, then the evidence."""
+    if not d.anomaly:
+        lines = [f"{source}: no anomaly found"]
+        lines += [f"  {e}" for e in d.evidence]
+        return "\n".join(lines)
+    when = _when(d.detected_at, start_ns)
+    head = f"{source}: {d.trigger or 'anomaly'} detected{when}: {d.category}"
+    lines = [head, f"  confidence {d.confidence:.2f}"
+             + (f", node-precise only" if d.precision == "node" else "")]
+    info = _category_info(d.category)
+    if info is not None:
+        lines.append(f"  meaning: {info.meaning}")
+        lines.append(f"  action:  {info.action}")
+    if d.culprits:
+        lines.append("  culprits (most likely first):")
+        for c in d.culprits[:8]:
+            lines.append(f"    {culprit_label(c)}  component={c.component}  "
+                         f"score={c.score:.2f}")
+        if len(d.culprits) > 8:
+            lines.append(f"    ... and {len(d.culprits) - 8} more")
+    if d.evidence:
+        lines.append("  evidence:")
+        lines += [f"    - {e}" for e in d.evidence]
+    return "\n".join(lines)
+
+
+def culprit_label(c: diagnosis.Culprit) -> str:
+    """'rank 12 (gpu-node-01, GPU 4, mlx5_4)' with whatever placement is known."""
+    where = [p for p in (c.node, None if c.gpu is None else f"GPU {c.gpu}", c.nic) if p]
+    return f"rank {c.rank}" + (f" ({', '.join(where)})" if where else "")
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    """Left-aligned columns separated by three spaces, as kubectl prints them."""
+    cells = [list(header), *[list(r) for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("   ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
+
+
+def diagnoses_wide(d: diagnosis.Diagnosis, *, name: str, job: str, age_s: float) -> str:
+    """One Diagnosis as `kubectl get diagnoses -o wide` shows it (printer columns of the CRD)."""
+    top = d.culprits[0] if d.culprits else None
+    row = [name, job, d.trigger or "-", d.category or "-",
+           (top.node or "-") if top else "-", str(top.rank) if top else "-",
+           top.component if top else "-", f"{d.confidence:.2f}",
+           "Diagnosed" if d.anomaly else "Healthy", f"{age_s:.0f}s"]
+    header = ["NAME", "JOB", "TRIGGER", "CATEGORY", "CULPRIT-NODE", "RANK", "COMPONENT",
+              "CONFIDENCE", "PHASE", "AGE"]
+    return table([row], header)
+
+
+def _when(detected_at: int | None, start_ns: int | None) -> str:
+    if detected_at is None:
+        return ""
+    if start_ns is None:
+        return f" at {detected_at} ns"
+    return f" at t={(detected_at - start_ns) / _NS_PER_S:.2f}s"
+
+
+def _category_info(name: str | None) -> diagnosis.CategoryInfo | None:
+    if name is None:
+        return None
+    try:
+        return diagnosis.Category.from_name(name).value
+    except ValueError:
+        return None
