@@ -67,9 +67,16 @@ def plan_cases(plan: tuple[tuple[int, int, int], ...]) -> list[Case]:
 
 def run_case(case: Case) -> Outcome:
     tp, pp, dp = config.default_parallelism(case.ranks)
-    cfg = config.SimConfig(ranks=case.ranks, tp=tp, pp=pp, dp=dp, algo=case.algo,
-                           dp_mode="allreduce" if case.algo == "tree" else "rs-ag",
-                           fault=truth.Fault.from_name(case.fault), seed=case.seed)
+    cfg = config.SimConfig(
+        ranks=case.ranks,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        algo=case.algo,
+        dp_mode="allreduce" if case.algo == "tree" else "rs-ag",
+        fault=truth.Fault.from_name(case.fault),
+        seed=case.seed,
+    )
     t0 = time.perf_counter()
     sim = simulator.simulate(cfg)
     t1 = time.perf_counter()
@@ -82,8 +89,11 @@ def run_case(case: Case) -> Outcome:
         detected = diag.anomaly
         top1 = detected and bool(diag.culprits) and diag.culprits[0].rank in tr.culprit_ranks
         cat_ok = detected and diag.category == tr.expected_category
-    latency = (None if diag.detected_at is None or tr.onset is None
-               else (diag.detected_at - tr.onset) / 1e9)
+    latency = (
+        None
+        if diag.detected_at is None or tr.onset is None
+        else (diag.detected_at - tr.onset) / 1e9
+    )
     return Outcome(case, detected, top1, cat_ok, diag.category, latency, t2 - t1, t1 - t0)
 
 
@@ -99,8 +109,11 @@ def _q(values: list[float], q: float) -> str:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    rows = ["| fault | cases | detected | top-1 culprit | category | latency median s | "
-            "latency p90 s | analysis median s |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| fault | cases | detected | top-1 culprit | category | latency median s | "
+        "latency p90 s | analysis median s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for fault in truth.FAULT_NAMES:
         sel = [o for o in outcomes if o.case.fault == fault]
         if not sel:
@@ -109,35 +122,48 @@ def table(outcomes: list[Outcome]) -> str:
         ana = [o.analysis_s for o in sel]
         if fault == "none":
             alarms = sum(o.detected for o in sel)
-            rows.append(f"| none (false alarms) | {len(sel)} | {alarms} alarms | - | - | - | - |"
-                        f" {statistics.median(ana):.2f} |")
+            rows.append(
+                f"| none (false alarms) | {len(sel)} | {alarms} alarms | - | - | - | - |"
+                f" {statistics.median(ana):.2f} |"
+            )
             continue
-        rows.append(f"| {fault} | {len(sel)} | {_pct(sum(o.detected for o in sel), len(sel))} "
-                    f"| {_pct(sum(o.top1 for o in sel), len(sel))} "
-                    f"| {_pct(sum(o.category_ok for o in sel), len(sel))} "
-                    f"| {_q(lat, 0.5)} | {_q(lat, 0.9)} | {statistics.median(ana):.2f} |")
+        rows.append(
+            f"| {fault} | {len(sel)} | {_pct(sum(o.detected for o in sel), len(sel))} "
+            f"| {_pct(sum(o.top1 for o in sel), len(sel))} "
+            f"| {_pct(sum(o.category_ok for o in sel), len(sel))} "
+            f"| {_q(lat, 0.5)} | {_q(lat, 0.9)} | {statistics.median(ana):.2f} |"
+        )
     faulty = [o for o in outcomes if o.case.fault != "none"]
-    hang = [o.latency_s for o in faulty if o.latency_s is not None and o.detected
-            and truth.Fault.from_name(o.case.fault).value.hang]
-    rows.append(f"| **all faults** | {len(faulty)} | "
-                f"{_pct(sum(o.detected for o in faulty), len(faulty))} | "
-                f"{_pct(sum(o.top1 for o in faulty), len(faulty))} | "
-                f"{_pct(sum(o.category_ok for o in faulty), len(faulty))} | "
-                f"hangs: {_q(hang, 0.5)} | hangs: {_q(hang, 0.9)} | |")
+    hang = [
+        o.latency_s
+        for o in faulty
+        if o.latency_s is not None and o.detected and truth.Fault.from_name(o.case.fault).value.hang
+    ]
+    rows.append(
+        f"| **all faults** | {len(faulty)} | "
+        f"{_pct(sum(o.detected for o in faulty), len(faulty))} | "
+        f"{_pct(sum(o.top1 for o in faulty), len(faulty))} | "
+        f"{_pct(sum(o.category_ok for o in faulty), len(faulty))} | "
+        f"hangs: {_q(hang, 0.5)} | hangs: {_q(hang, 0.9)} | |"
+    )
     return "\n".join(rows)
 
 
 def by_size(outcomes: list[Outcome]) -> str:
-    rows = ["| ranks | algo | faulty cases | top-1 | category | fault-free cases | false alarms |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| ranks | algo | faulty cases | top-1 | category | fault-free cases | false alarms |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for ranks in sorted({o.case.ranks for o in outcomes}):
         for algo in ("ring", "tree"):
             sel = [o for o in outcomes if o.case.ranks == ranks and o.case.algo == algo]
             f = [o for o in sel if o.case.fault != "none"]
             h = [o for o in sel if o.case.fault == "none"]
-            rows.append(f"| {ranks} | {algo} | {len(f)} | {_pct(sum(o.top1 for o in f), len(f))}"
-                        f" | {_pct(sum(o.category_ok for o in f), len(f))} | {len(h)} | "
-                        f"{sum(o.detected for o in h)} |")
+            rows.append(
+                f"| {ranks} | {algo} | {len(f)} | {_pct(sum(o.top1 for o in f), len(f))}"
+                f" | {_pct(sum(o.category_ok for o in f), len(f))} | {len(h)} | "
+                f"{sum(o.detected for o in h)} |"
+            )
     return "\n".join(rows)
 
 
@@ -163,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     if wrong:
         print("\nmisdiagnosed cases (fault ranks algo seed -> category):")
         for o in wrong:
-            print(f"  {o.case.fault} {o.case.ranks} {o.case.algo} {o.case.seed} -> "
-                  f"{o.category} detected={o.detected} top1={o.top1}")
+            print(
+                f"  {o.case.fault} {o.case.ranks} {o.case.algo} {o.case.seed} -> "
+                f"{o.category} detected={o.detected} top1={o.top1}"
+            )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([asdict(o) for o in outcomes], fh, indent=1)

@@ -30,14 +30,22 @@ from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
 
 WINDOW_S = 2.0
-DURATION_S = 3.5   # onset at 1.5 s, window (1.5 s, 3.5 s]: the hang and its propagation inside it
+DURATION_S = 3.5  # onset at 1.5 s, window (1.5 s, 3.5 s]: the hang and its propagation inside it
 ONSET_S = 1.5
 
 
 def measure(ranks: int, repeat: int) -> dict[str, float | int | str]:
     tp, pp, dp = config.default_parallelism(ranks)
-    cfg = config.SimConfig(ranks=ranks, tp=tp, pp=pp, dp=dp, duration_s=DURATION_S,
-                           onset_s=ONSET_S, fault=truth.Fault.NIC_DOWN, seed=1)
+    cfg = config.SimConfig(
+        ranks=ranks,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        duration_s=DURATION_S,
+        onset_s=ONSET_S,
+        fault=truth.Fault.NIC_DOWN,
+        seed=1,
+    )
     t0 = time.perf_counter()
     sim = simulator.simulate(cfg)
     t_sim = time.perf_counter() - t0
@@ -58,10 +66,17 @@ def measure(ranks: int, repeat: int) -> dict[str, float | int | str]:
     tracemalloc.stop()
     assert diag is not None
     top = diag.culprits[0].rank if diag.culprits else None
-    return {"ranks": ranks, "states": len(window.states), "flows": len(window.flows),
-            "ops": len(window.ops), "median_s": statistics.median(times),
-            "max_s": max(times), "peak_mib": peak / 2**20, "simulate_s": t_sim,
-            "verdict": f"{diag.category} rank {top} (truth {sim.truth.culprit_ranks[0]})"}
+    return {
+        "ranks": ranks,
+        "states": len(window.states),
+        "flows": len(window.flows),
+        "ops": len(window.ops),
+        "median_s": statistics.median(times),
+        "max_s": max(times),
+        "peak_mib": peak / 2**20,
+        "simulate_s": t_sim,
+        "verdict": f"{diag.category} rank {top} (truth {sim.truth.culprit_ranks[0]})",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,17 +86,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    print(f"# analysis of a {WINDOW_S:g} s trigger window; {platform.processor() or platform.machine()}"
-          f", {os.cpu_count()} CPUs, Python {platform.python_version()}, pinned to one core")
+    print(
+        f"# analysis of a {WINDOW_S:g} s trigger window; {platform.processor() or platform.machine()}"
+        f", {os.cpu_count()} CPUs, Python {platform.python_version()}, pinned to one core"
+    )
     print(f"# command: {' '.join(sys.argv)}\n")
-    print("| ranks | state records | flows | op records | analysis median s | max s | "
-          "peak MiB | verdict | simulate s |")
+    print(
+        "| ranks | state records | flows | op records | analysis median s | max s | "
+        "peak MiB | verdict | simulate s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for n in args.ranks:
         r = measure(n, args.repeat)
-        print(f"| {r['ranks']} | {r['states']} | {r['flows']} | {r['ops']} | "
-              f"{r['median_s']:.3f} | {r['max_s']:.3f} | {r['peak_mib']:.0f} | {r['verdict']} "
-              f"| {r['simulate_s']:.0f} |", flush=True)
+        print(
+            f"| {r['ranks']} | {r['states']} | {r['flows']} | {r['ops']} | "
+            f"{r['median_s']:.3f} | {r['max_s']:.3f} | {r['peak_mib']:.0f} | {r['verdict']} "
+            f"| {r['simulate_s']:.0f} |",
+            flush=True,
+        )
     return 0
 
 

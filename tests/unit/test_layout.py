@@ -27,7 +27,11 @@ def test_stdlib_operator_is_not_shadowed_from_repo_root() -> None:
     # shadowing operator/__init__.py in the current directory.
     out = subprocess.run(
         [sys.executable, "-S", "-c", "import operator; print(operator.__file__)"],
-        cwd=ROOT, capture_output=True, text=True, check=True, timeout=30,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     ).stdout.strip()
     assert not out.startswith(str(ROOT)), f"'import operator' resolved to {out}"
 

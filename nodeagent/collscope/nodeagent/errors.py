@@ -29,8 +29,9 @@ class BundleFormatError(BundleError):
     ``records.jsonl:17: field 'flows[2].done': must be >= 0 (got -3)``.
     """
 
-    def __init__(self, file: str, reason: str, *, line: int | None = None,
-                 field: str | None = None) -> None:
+    def __init__(
+        self, file: str, reason: str, *, line: int | None = None, field: str | None = None
+    ) -> None:
         self.file = file
         self.line = line
         self.field = field

@@ -51,42 +51,71 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="collscope",
-        description="Find the rank, GPU, NIC or node that hangs or slows a training job.")
+        description="Find the rank, GPU, NIC or node that hangs or slows a training job.",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser(
-        "simulate", help="simulate a training job with an injected fault; write a bundle",
+        "simulate",
+        help="simulate a training job with an injected fault; write a bundle",
         description="Simulate a TPxPPxDP training job chunk by chunk (ring or tree "
-                    "collectives over NVLink and a network proxy) with one injected fault, "
-                    "and write what a node agent would export: a trace bundle "
-                    "(spec/bundle-v1.md) plus truth.json.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "collectives over NVLink and a network proxy) with one injected fault, "
+        "and write what a node agent would export: a trace bundle "
+        "(spec/bundle-v1.md) plus truth.json.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     _add_sim_options(sim)
-    sim.add_argument("--out", required=True, type=Path,
-                     help="bundle directory to write, or a path ending in .tar.gz")
-    sim.add_argument("--uncompressed", action="store_true",
-                     help="write records.jsonl instead of records.jsonl.gz")
+    sim.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        help="bundle directory to write, or a path ending in .tar.gz",
+    )
+    sim.add_argument(
+        "--uncompressed",
+        action="store_true",
+        help="write records.jsonl instead of records.jsonl.gz",
+    )
     sim.set_defaults(func=_cmd_simulate)
 
     ana = sub.add_parser(
-        "analyze", help="diagnose a trace bundle",
+        "analyze",
+        help="diagnose a trace bundle",
         description="Replay a trace bundle as the operator would (sampled trigger every "
-                    "second, then root cause on the trigger window) and print the diagnosis.")
+        "second, then root cause on the trigger window) and print the diagnosis.",
+    )
     ana.add_argument("bundle", type=Path, help="bundle directory or .tar.gz")
-    ana.add_argument("--json", action="store_true",
-                     help="print the Diagnosis JSON of spec/bundle-v1.md instead of a summary")
+    ana.add_argument(
+        "--json",
+        action="store_true",
+        help="print the Diagnosis JSON of spec/bundle-v1.md instead of a summary",
+    )
     ana.set_defaults(func=_cmd_analyze)
 
     demo = sub.add_parser(
-        "demo", help="simulate a 64-rank job with a random fault and diagnose it",
+        "demo",
+        help="simulate a 64-rank job with a random fault and diagnose it",
         description="Simulate a 64-rank job (TP=8, PP=2, DP=4) with a randomly chosen fault, "
-                    "write its bundle, analyse it and print the diagnosis beside the truth.")
-    demo.add_argument("--fault", choices=truth.FAULT_NAMES[1:], default=None,
-                      help="inject this fault instead of a random one")
-    demo.add_argument("--seed", type=int, default=None,
-                      help="seed for the fault choice and the simulation (default: random)")
-    demo.add_argument("--out", type=Path, default=None,
-                      help="where to keep the bundle (default: a new temporary directory)")
+        "write its bundle, analyse it and print the diagnosis beside the truth.",
+    )
+    demo.add_argument(
+        "--fault",
+        choices=truth.FAULT_NAMES[1:],
+        default=None,
+        help="inject this fault instead of a random one",
+    )
+    demo.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed for the fault choice and the simulation (default: random)",
+    )
+    demo.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to keep the bundle (default: a new temporary directory)",
+    )
     demo.set_defaults(func=_cmd_demo)
     return p
 
@@ -95,32 +124,60 @@ def _add_sim_options(p: argparse.ArgumentParser) -> None:
     d = config.SimConfig()
     p.add_argument("--ranks", type=int, default=d.ranks, help="world size")
     p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
-    p.add_argument("--tp", type=int, default=None,
-                   help="tensor-parallel size (default: a sensible split of --ranks)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        help="tensor-parallel size (default: a sensible split of --ranks)",
+    )
     p.add_argument("--pp", type=int, default=None, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, default=None, help="data-parallel size")
-    p.add_argument("--order", default=d.order,
-                   help="rank order of the dimensions, fastest-varying first")
-    p.add_argument("--algo", choices=["ring", "tree"], default=d.algo,
-                   help="collective algorithm (tree implies --dp-mode allreduce)")
+    p.add_argument(
+        "--order", default=d.order, help="rank order of the dimensions, fastest-varying first"
+    )
+    p.add_argument(
+        "--algo",
+        choices=["ring", "tree"],
+        default=d.algo,
+        help="collective algorithm (tree implies --dp-mode allreduce)",
+    )
     p.add_argument("--channels", type=int, default=d.channels, help="NCCL channels, 2..16")
-    p.add_argument("--dp-mode", choices=["rs-ag", "allreduce"], default=None,
-                   help="DP gradient sync: ReduceScatter+AllGather or one AllReduce "
-                        "(default: rs-ag for ring, allreduce for tree)")
+    p.add_argument(
+        "--dp-mode",
+        choices=["rs-ag", "allreduce"],
+        default=None,
+        help="DP gradient sync: ReduceScatter+AllGather or one AllReduce "
+        "(default: rs-ag for ring, allreduce for tree)",
+    )
     p.add_argument("--duration", type=float, default=d.duration_s, help="seconds simulated")
-    p.add_argument("--fault", choices=truth.FAULT_NAMES, default="none",
-                   help="fault to inject: " + "; ".join(
-                       f"{f.value.name}: {f.value.summary}" for f in truth.Fault))
-    p.add_argument("--target", type=int, default=None,
-                   help="rank (or node index for node faults) to inject into "
-                        "(default: chosen by the seed)")
-    p.add_argument("--onset", type=float, default=d.onset_s,
-                   help="seconds after start when the fault strikes")
-    p.add_argument("--severity", type=float, default=None,
-                   help="slowdown factor of slow faults (default: the fault's own)")
+    p.add_argument(
+        "--fault",
+        choices=truth.FAULT_NAMES,
+        default="none",
+        help="fault to inject: "
+        + "; ".join(f"{f.value.name}: {f.value.summary}" for f in truth.Fault),
+    )
+    p.add_argument(
+        "--target",
+        type=int,
+        default=None,
+        help="rank (or node index for node faults) to inject into (default: chosen by the seed)",
+    )
+    p.add_argument(
+        "--onset", type=float, default=d.onset_s, help="seconds after start when the fault strikes"
+    )
+    p.add_argument(
+        "--severity",
+        type=float,
+        default=None,
+        help="slowdown factor of slow faults (default: the fault's own)",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="random seed (reproducible)")
-    p.add_argument("--no-parallelism", action="store_true",
-                   help="leave parallelism out of job.json (analysis must infer groups)")
+    p.add_argument(
+        "--no-parallelism",
+        action="store_true",
+        help="leave parallelism out of job.json (analysis must infer groups)",
+    )
 
 
 def sim_config(args: argparse.Namespace) -> config.SimConfig:
@@ -129,28 +186,51 @@ def sim_config(args: argparse.Namespace) -> config.SimConfig:
     if args.tp or args.pp or args.dp:
         tp, pp = args.tp or 1, args.pp or 1
         dp = args.dp or max(1, args.ranks // (tp * pp))
-    dp_mode = args.dp_mode or ("allreduce" if args.algo == "tree" else "rs-ag")
+    dp_mode: config.DpMode = "allreduce" if args.algo == "tree" else "rs-ag"
+    if args.dp_mode in ("rs-ag", "allreduce"):
+        dp_mode = "rs-ag" if args.dp_mode == "rs-ag" else "allreduce"
     return config.SimConfig(
-        ranks=args.ranks, gpus_per_node=args.gpus_per_node, tp=tp, pp=pp, dp=dp,
-        order=args.order, algo=args.algo, channels=args.channels, dp_mode=dp_mode,
-        duration_s=args.duration, fault=truth.Fault.from_name(args.fault),
-        target=args.target, onset_s=args.onset, severity=args.severity, seed=args.seed,
-        declare_parallelism=not args.no_parallelism)
+        ranks=args.ranks,
+        gpus_per_node=args.gpus_per_node,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        order=args.order,
+        algo=args.algo,
+        channels=args.channels,
+        dp_mode=dp_mode,
+        duration_s=args.duration,
+        fault=truth.Fault.from_name(args.fault),
+        target=args.target,
+        onset_s=args.onset,
+        severity=args.severity,
+        seed=args.seed,
+        declare_parallelism=not args.no_parallelism,
+    )
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     cfg = sim_config(args)
     t0 = time.perf_counter()
     result = simulator.simulate(cfg)
-    out = writer.write(result.bundle, args.out, compress=not args.uncompressed,
-                       extra_files={"truth.json": _truth_json(result.truth)})
+    out = writer.write(
+        result.bundle,
+        args.out,
+        compress=not args.uncompressed,
+        extra_files={"truth.json": _truth_json(result.truth)},
+    )
     t = result.truth
-    print(f"simulated {cfg.ranks} ranks (tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}, {cfg.algo}, "
-          f"{cfg.channels} channels) for {cfg.duration_s:g}s in "
-          f"{time.perf_counter() - t0:.1f}s: {len(result.bundle.ops)} op and "
-          f"{len(result.bundle.states)} state records")
-    print(f"fault: {t.fault}" + (f" on ranks {_ranks(t.culprit_ranks)}" if t.culprit_ranks
-                                  else "") + (f" ({t.detail})" if t.detail else ""))
+    print(
+        f"simulated {cfg.ranks} ranks (tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}, {cfg.algo}, "
+        f"{cfg.channels} channels) for {cfg.duration_s:g}s in "
+        f"{time.perf_counter() - t0:.1f}s: {len(result.bundle.ops)} op and "
+        f"{len(result.bundle.states)} state records"
+    )
+    print(
+        f"fault: {t.fault}"
+        + (f" on ranks {_ranks(t.culprit_ranks)}" if t.culprit_ranks else "")
+        + (f" ({t.detail})" if t.detail else "")
+    )
     print(f"wrote {out}")
     return EXIT_OK
 
@@ -162,44 +242,51 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         print(result.to_json())
     else:
         span = bundle.time_span()
-        print(report.summary(result, source=str(args.bundle),
-                             start_ns=None if span is None else span[0]))
+        print(
+            report.summary(
+                result, source=str(args.bundle), start_ns=None if span is None else span[0]
+            )
+        )
     return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10_000)
     fault_name = args.fault or random.Random(seed).choice(truth.FAULT_NAMES[1:])
-    cfg = config.SimConfig(ranks=64, tp=8, pp=2, dp=4, fault=truth.Fault.from_name(fault_name),
-                           seed=seed)
+    cfg = config.SimConfig(
+        ranks=64, tp=8, pp=2, dp=4, fault=truth.Fault.from_name(fault_name), seed=seed
+    )
     out = args.out or Path(tempfile.mkdtemp(prefix="collscope-demo-")) / "bundle"
-    print(f"collscope demo (seed {seed}): a 64-rank job, TP=8 PP=2 DP=4 on 8 nodes, "
-          f"{cfg.duration_s:g}s simulated; injecting '{fault_name}' at "
-          f"t={cfg.onset_s:g}s ...")
+    print(
+        f"collscope demo (seed {seed}): a 64-rank job, TP=8 PP=2 DP=4 on 8 nodes, "
+        f"{cfg.duration_s:g}s simulated; injecting '{fault_name}' at "
+        f"t={cfg.onset_s:g}s ..."
+    )
     t0 = time.perf_counter()
     result = simulator.simulate(cfg)
-    path = writer.write(result.bundle, out,
-                        extra_files={"truth.json": _truth_json(result.truth)})
+    path = writer.write(result.bundle, out, extra_files={"truth.json": _truth_json(result.truth)})
     t1 = time.perf_counter()
     bundle = reader.load(path)
     diag = analysis.diagnose(bundle)
     t2 = time.perf_counter()
     start = cfg.start_ns
-    print(f"simulated and exported in {t1 - t0:.1f}s, analysed in {t2 - t1:.1f}s; "
-          f"bundle: {path}\n")
-    print(report.diagnoses_wide(diag, name=f"demo-{seed}", job="demo-64",
-                                age_s=(t2 - t0)))
+    print(f"simulated and exported in {t1 - t0:.1f}s, analysed in {t2 - t1:.1f}s; bundle: {path}\n")
+    print(report.diagnoses_wide(diag, name=f"demo-{seed}", job="demo-64", age_s=(t2 - t0)))
     print()
     print(report.summary(diag, source="diagnosis", start_ns=start))
     print()
     ok = verdict(diag, result.truth)
     t = result.truth
-    latency = ("" if diag.detected_at is None or t.onset is None else
-               f", detected {(diag.detected_at - t.onset) / 1e9:.2f}s after onset")
-    print(f"injected: {t.fault} on rank(s) {_ranks(t.culprit_ranks)}"
-          f" ({t.culprit_node}), expected {t.expected_category}: {t.detail}")
-    print(f"verdict:  {'CORRECT' if ok else 'MISMATCH'} (top culprit and category"
-          f"{latency})")
+    latency = (
+        ""
+        if diag.detected_at is None or t.onset is None
+        else f", detected {(diag.detected_at - t.onset) / 1e9:.2f}s after onset"
+    )
+    print(
+        f"injected: {t.fault} on rank(s) {_ranks(t.culprit_ranks)}"
+        f" ({t.culprit_node}), expected {t.expected_category}: {t.detail}"
+    )
+    print(f"verdict:  {'CORRECT' if ok else 'MISMATCH'} (top culprit and category{latency})")
     print(f"\nre-run the analysis yourself: collscope analyze {path}")
     return EXIT_OK if ok else EXIT_MISMATCH
 
@@ -208,8 +295,12 @@ def verdict(diag: diagnosis.Diagnosis, t: truth.Truth) -> bool:
     """Does the diagnosis agree with the truth: top-1 culprit and category (or no anomaly)?"""
     if t.expected_category is None:
         return not diag.anomaly
-    return (diag.anomaly and diag.category == t.expected_category and bool(diag.culprits)
-            and diag.culprits[0].rank in t.culprit_ranks)
+    return (
+        diag.anomaly
+        and diag.category == t.expected_category
+        and bool(diag.culprits)
+        and diag.culprits[0].rank in t.culprit_ranks
+    )
 
 
 def _truth_json(t: truth.Truth) -> str:

@@ -21,8 +21,11 @@ def summary(d: diagnosis.Diagnosis, *, source: str, start_ns: int | None = None)
         return "\n".join(lines)
     when = _when(d.detected_at, start_ns)
     head = f"{source}: {d.trigger or 'anomaly'} detected{when}: {d.category}"
-    lines = [head, f"  confidence {d.confidence:.2f}"
-             + (f", node-precise only" if d.precision == "node" else "")]
+    lines = [
+        head,
+        f"  confidence {d.confidence:.2f}"
+        + (", node-precise only" if d.precision == "node" else ""),
+    ]
     info = _category_info(d.category)
     if info is not None:
         lines.append(f"  meaning: {info.meaning}")
@@ -30,8 +33,7 @@ def summary(d: diagnosis.Diagnosis, *, source: str, start_ns: int | None = None)
     if d.culprits:
         lines.append("  culprits (most likely first):")
         for c in d.culprits[:8]:
-            lines.append(f"    {culprit_label(c)}  component={c.component}  "
-                         f"score={c.score:.2f}")
+            lines.append(f"    {culprit_label(c)}  component={c.component}  score={c.score:.2f}")
         if len(d.culprits) > 8:
             lines.append(f"    ... and {len(d.culprits) - 8} more")
     if d.evidence:
@@ -50,19 +52,38 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     """Left-aligned columns separated by three spaces, as kubectl prints them."""
     cells = [list(header), *[list(r) for r in rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("   ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
-                     for r in cells)
+    return "\n".join(
+        "   ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
 
 
 def diagnoses_wide(d: diagnosis.Diagnosis, *, name: str, job: str, age_s: float) -> str:
     """One Diagnosis as `kubectl get diagnoses -o wide` shows it (printer columns of the CRD)."""
     top = d.culprits[0] if d.culprits else None
-    row = [name, job, d.trigger or "-", d.category or "-",
-           (top.node or "-") if top else "-", str(top.rank) if top else "-",
-           top.component if top else "-", f"{d.confidence:.2f}",
-           "Diagnosed" if d.anomaly else "Healthy", f"{age_s:.0f}s"]
-    header = ["NAME", "JOB", "TRIGGER", "CATEGORY", "CULPRIT-NODE", "RANK", "COMPONENT",
-              "CONFIDENCE", "PHASE", "AGE"]
+    row = [
+        name,
+        job,
+        d.trigger or "-",
+        d.category or "-",
+        (top.node or "-") if top else "-",
+        str(top.rank) if top else "-",
+        top.component if top else "-",
+        f"{d.confidence:.2f}",
+        "Diagnosed" if d.anomaly else "Healthy",
+        f"{age_s:.0f}s",
+    ]
+    header = [
+        "NAME",
+        "JOB",
+        "TRIGGER",
+        "CATEGORY",
+        "CULPRIT-NODE",
+        "RANK",
+        "COMPONENT",
+        "CONFIDENCE",
+        "PHASE",
+        "AGE",
+    ]
     return table([row], header)
 
 

@@ -15,16 +15,33 @@ from collscope.operator.simulator import truth
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     # A real subprocess: checks that no traceback ever reaches the user's terminal.
-    return subprocess.run([sys.executable, "-m", "collscope.operator.cli", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "collscope.operator.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_simulate_help_documents_every_fault_and_option() -> None:
     out = _run("simulate", "--help").stdout
     for name in truth.FAULT_NAMES:
         assert name in out
-    for option in ("--ranks", "--tp", "--pp", "--dp", "--algo", "--channels", "--duration",
-                   "--fault", "--target", "--onset", "--seed", "--out"):
+    for option in (
+        "--ranks",
+        "--tp",
+        "--pp",
+        "--dp",
+        "--algo",
+        "--channels",
+        "--duration",
+        "--fault",
+        "--target",
+        "--onset",
+        "--seed",
+        "--out",
+    ):
         assert option in out
 
 
@@ -42,7 +59,8 @@ def test_analyze_malformed_line_names_file_and_line(tmp_path: Path) -> None:
     (bundle / "job.json").write_text('{"schema": "collscope.bundle/v1", "world_size": 2}')
     (bundle / "records.jsonl").write_text(
         '{"type": "comm", "rank": 0, "ts": 1, "comm": "0x1", "comm_rank": 0, "nranks": 2}\n'
-        '{"type": "op", "rank": 0, "ts": 5, "comm": "0x1"\n')
+        '{"type": "op", "rank": 0, "ts": 5, "comm": "0x1"\n'
+    )
     res = _run("analyze", str(bundle))
     assert res.returncode == cli.EXIT_BAD_INPUT
     assert "Traceback" not in res.stderr
@@ -50,8 +68,19 @@ def test_analyze_malformed_line_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_simulate_bad_parallelism_is_one_line_exit_2(tmp_path: Path) -> None:
-    res = _run("simulate", "--ranks", "16", "--tp", "3", "--pp", "1", "--dp", "2",
-               "--out", str(tmp_path / "b"))
+    res = _run(
+        "simulate",
+        "--ranks",
+        "16",
+        "--tp",
+        "3",
+        "--pp",
+        "1",
+        "--dp",
+        "2",
+        "--out",
+        str(tmp_path / "b"),
+    )
     assert res.returncode == cli.EXIT_BAD_INPUT
     assert "Traceback" not in res.stderr
     assert "ranks 16" in res.stderr
@@ -60,8 +89,7 @@ def test_simulate_bad_parallelism_is_one_line_exit_2(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_simulate_then_analyze_json(tmp_path: Path) -> None:
     out = tmp_path / "bundle.tar.gz"
-    res = _run("simulate", "--ranks", "16", "--fault", "nic-down", "--seed", "1",
-               "--out", str(out))
+    res = _run("simulate", "--ranks", "16", "--fault", "nic-down", "--seed", "1", "--out", str(out))
     assert res.returncode == 0, res.stderr
     res = _run("analyze", str(out), "--json")
     assert res.returncode == 0, res.stderr
@@ -73,8 +101,7 @@ def test_simulate_then_analyze_json(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_demo_diagnoses_fixed_fault(tmp_path: Path) -> None:
-    res = _run("demo", "--seed", "3", "--fault", "gpu-power-limit", "--out",
-               str(tmp_path / "demo"))
+    res = _run("demo", "--seed", "3", "--fault", "gpu-power-limit", "--out", str(tmp_path / "demo"))
     assert "Traceback" not in res.stderr
     assert "verdict:" in res.stdout
     assert res.returncode == 0, res.stdout + res.stderr

@@ -8,10 +8,18 @@ from collscope.operator.analysis import diagnosis
 
 def _diag() -> diagnosis.Diagnosis:
     return diagnosis.Diagnosis(
-        anomaly=True, trigger="hang", detected_at=3_000_000_000, category="hang.network",
-        culprits=[diagnosis.Culprit(rank=12, node="gpu-node-01", gpu=4, nic="mlx5_4",
-                                    component="nic", score=0.9)],
-        confidence=0.85, evidence=["rank 12 sent 40 chunks, 31 delivered"])
+        anomaly=True,
+        trigger="hang",
+        detected_at=3_000_000_000,
+        category="hang.network",
+        culprits=[
+            diagnosis.Culprit(
+                rank=12, node="gpu-node-01", gpu=4, nic="mlx5_4", component="nic", score=0.9
+            )
+        ],
+        confidence=0.85,
+        evidence=["rank 12 sent 40 chunks, 31 delivered"],
+    )
 
 
 def test_summary_names_culprit_cause_and_action() -> None:
@@ -22,8 +30,9 @@ def test_summary_names_culprit_cause_and_action() -> None:
 
 
 def test_summary_healthy() -> None:
-    text = report.summary(diagnosis.Diagnosis(anomaly=False, evidence=["checked 4 ranks"]),
-                          source="b")
+    text = report.summary(
+        diagnosis.Diagnosis(anomaly=False, evidence=["checked 4 ranks"]), source="b"
+    )
     assert "no anomaly" in text and "checked 4 ranks" in text
 
 

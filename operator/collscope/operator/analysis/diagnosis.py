@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-DIAGNOSIS_SCHEMA = "collscope.diagnosis/v1"
+DIAGNOSIS_SCHEMA: Literal["collscope.diagnosis/v1"] = "collscope.diagnosis/v1"
 
 Component = Literal["gpu", "nic", "link", "host", "software"]
 Trigger = Literal["hang", "slow"]
@@ -39,37 +39,69 @@ class Category(enum.Enum):
     """The categories of spec/bundle-v1.md, each with what follows from it."""
 
     HANG_NOT_ENTERED = CategoryInfo(
-        "hang.not_entered", "hang", "software", False,
+        "hang.not_entered",
+        "hang",
+        "software",
+        False,
         "some ranks never entered an operation the others are waiting in",
-        "dump the Python stacks of the culprit ranks: they are stuck before the collective")
+        "dump the Python stacks of the culprit ranks: they are stuck before the collective",
+    )
     HANG_INCONSISTENT = CategoryInfo(
-        "hang.inconsistent", "hang", "software", False,
+        "hang.inconsistent",
+        "hang",
+        "software",
+        False,
         "ranks entered different operations, sizes or sequence numbers",
-        "compare the culprit's call path with its peers': a code path diverged")
+        "compare the culprit's call path with its peers': a code path diverged",
+    )
     HANG_NETWORK = CategoryInfo(
-        "hang.network", "hang", "nic", True,
+        "hang.network",
+        "hang",
+        "nic",
+        True,
         "data produced by the GPU is not sent, or sent but never delivered",
-        "check the culprit's NIC and link (port state, error counters); cordon the node")
+        "check the culprit's NIC and link (port state, error counters); cordon the node",
+    )
     HANG_GPU = CategoryInfo(
-        "hang.gpu", "hang", "gpu", True,
+        "hang.gpu",
+        "hang",
+        "gpu",
+        True,
         "the network delivered all it was given but the culprit's GPU stopped",
-        "check the culprit GPU (XID events, ECC); cordon the node")
+        "check the culprit GPU (XID events, ECC); cordon the node",
+    )
     SLOW_COMPUTE = CategoryInfo(
-        "slow.compute", "slow", "gpu", True,
+        "slow.compute",
+        "slow",
+        "gpu",
+        True,
         "the culprit enters operations late or produces chunks slowly",
-        "check the culprit GPU's clocks, power cap, PCIe link and competing processes")
+        "check the culprit GPU's clocks, power cap, PCIe link and competing processes",
+    )
     SLOW_NETWORK = CategoryInfo(
-        "slow.network", "slow", "nic", True,
+        "slow.network",
+        "slow",
+        "nic",
+        True,
         "the culprit's flows move chunks slowly while its GPU keeps up",
-        "check the culprit NIC's bandwidth, congestion and competing traffic")
+        "check the culprit NIC's bandwidth, congestion and competing traffic",
+    )
     SLOW_MIXED = CategoryInfo(
-        "slow.mixed", "slow", "gpu", True,
+        "slow.mixed",
+        "slow",
+        "gpu",
+        True,
         "both compute and network of the culprit are slow",
-        "check the culprit's GPU and NIC")
+        "check the culprit's GPU and NIC",
+    )
     SLOW_HOST = CategoryInfo(
-        "slow.host", "slow", "host", False,
+        "slow.host",
+        "slow",
+        "host",
+        False,
         "the culprit's CPU proxy or host side stalls transfers",
-        "check the culprit host's CPU load, proxy thread placement and interrupts")
+        "check the culprit host's CPU load, proxy thread placement and interrupts",
+    )
 
     @classmethod
     def from_name(cls, name: str) -> Category:

@@ -24,27 +24,27 @@ DEFAULT_START_NS = 1_767_225_600_000_000_000
 class Fabric:
     """Link speeds and latencies. Defaults are an H100 node with 8x400G NICs (one per GPU)."""
 
-    nic_gbytes_s: float = 50.0          # per NIC, each direction (400 Gb/s)
-    nvlink_gbytes_s: float = 150.0      # per GPU, each direction, intra-node
-    net_latency_us: float = 8.0         # one-way, through the network proxy and fabric
+    nic_gbytes_s: float = 50.0  # per NIC, each direction (400 Gb/s)
+    nvlink_gbytes_s: float = 150.0  # per GPU, each direction, intra-node
+    net_latency_us: float = 8.0  # one-way, through the network proxy and fabric
     nvlink_latency_us: float = 2.0
-    chunk_bytes: int = 512 * 1024       # NCCL Simple: 4 MiB buffer / NCCL_STEPS (8)
-    gpu_chunk_us: float = 4.0           # GPU time to produce or consume one chunk
-    proxy_us: float = 2.0               # proxy thread time to post one chunk
-    recv_slots: int = 8                 # NCCL_STEPS: receive buffers a receiver posts ahead
+    chunk_bytes: int = 512 * 1024  # NCCL Simple: 4 MiB buffer / NCCL_STEPS (8)
+    gpu_chunk_us: float = 4.0  # GPU time to produce or consume one chunk
+    proxy_us: float = 2.0  # proxy thread time to post one chunk
+    recv_slots: int = 8  # NCCL_STEPS: receive buffers a receiver posts ahead
 
 
 @dataclass(frozen=True)
 class Workload:
     """Per-iteration work. Message sizes per rank, compute per layer chunk."""
 
-    layers: int = 2                     # TP AllReduces per forward and per backward pass
-    fwd_compute_ms: float = 25.0        # per layer chunk
+    layers: int = 2  # TP AllReduces per forward and per backward pass
+    fwd_compute_ms: float = 25.0  # per layer chunk
     bwd_compute_ms: float = 50.0
-    compute_jitter: float = 0.03        # relative std-dev of every compute span
-    tp_bytes: int = 16 * 1024 * 1024    # activations all-reduced inside TP
-    pp_bytes: int = 32 * 1024 * 1024    # activations / gradients between PP stages
-    dp_bytes: int = 256 * 1024 * 1024   # gradients reduced across DP
+    compute_jitter: float = 0.03  # relative std-dev of every compute span
+    tp_bytes: int = 16 * 1024 * 1024  # activations all-reduced inside TP
+    pp_bytes: int = 32 * 1024 * 1024  # activations / gradients between PP stages
+    dp_bytes: int = 256 * 1024 * 1024  # gradients reduced across DP
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,16 @@ class SimConfig:
     dp_mode: DpMode = "rs-ag"
     duration_s: float = 10.0
     fault: truth.Fault = truth.Fault.NONE
-    target: int | None = None           # rank (rank faults) or node index (node faults); None: seeded pick
-    onset_s: float = 5.0                # requested onset, seconds after the job starts
-    severity: float | None = None       # fault strength (slowdown factor); None: the fault's default
+    # rank (rank faults) or node index (node faults); None: picked by the seed
+    target: int | None = None
+    onset_s: float = 5.0  # requested onset, seconds after the job starts
+    # fault strength (slowdown factor); None: the fault's own default
+    severity: float | None = None
     seed: int = 0
     start_ns: int = DEFAULT_START_NS
-    state_interval_ms: float = 100.0    # the agent samples live state at 10 Hz
-    clock_skew_ms: float = 5.0          # max |offset| of each host's clock (spec: tens of ms)
-    declare_parallelism: bool = True    # write parallelism into job.json (False: analysis infers)
+    state_interval_ms: float = 100.0  # the agent samples live state at 10 Hz
+    clock_skew_ms: float = 5.0  # max |offset| of each host's clock (spec: tens of ms)
+    declare_parallelism: bool = True  # write parallelism into job.json (False: analysis infers)
     fabric: Fabric = field(default_factory=Fabric)
     workload: Workload = field(default_factory=Workload)
 
@@ -84,23 +86,28 @@ class SimConfig:
         if self.tp * self.pp * self.dp != self.ranks:
             raise errors.SimulationError(
                 f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.tp * self.pp * self.dp} "
-                f"!= ranks {self.ranks}")
+                f"!= ranks {self.ranks}"
+            )
         if not 2 <= self.channels <= 16:
             raise errors.SimulationError(f"channels must be 2..16 (got {self.channels})")
         if self.gpus_per_node < 1:
             raise errors.SimulationError(f"gpus_per_node must be >= 1 (got {self.gpus_per_node})")
         if not 0 < self.onset_s < self.duration_s:
             raise errors.SimulationError(
-                f"onset_s must lie inside the run (0, {self.duration_s}) (got {self.onset_s})")
+                f"onset_s must lie inside the run (0, {self.duration_s}) (got {self.onset_s})"
+            )
         if self.target is not None:
             limit = self.nodes if self.fault.value.target == "node" else self.ranks
             if not 0 <= self.target < limit:
                 raise errors.SimulationError(
                     f"target {self.target} out of range for fault {self.fault.value.name} "
-                    f"(0..{limit - 1})")
+                    f"(0..{limit - 1})"
+                )
         if self.algo == "tree" and self.dp_mode != "allreduce":
-            raise errors.SimulationError("algo 'tree' needs dp_mode 'allreduce' "
-                                         "(NCCL runs ReduceScatter/AllGather as rings only)")
+            raise errors.SimulationError(
+                "algo 'tree' needs dp_mode 'allreduce' "
+                "(NCCL runs ReduceScatter/AllGather as rings only)"
+            )
         if self.severity is not None and self.severity <= 1.0:
             raise errors.SimulationError(f"severity is a slowdown factor > 1 (got {self.severity})")
 

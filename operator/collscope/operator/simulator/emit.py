@@ -1,0 +1,242 @@
+"""Turning simulated timings into the records a node agent exports (spec/bundle-v1.md).
+
+Times arrive as float64 seconds since job start in the job's reference clock (``inf`` =
+never) and leave as int ns on the writing host's clock: ``start_ns + t + offset[node]``, each
+node with a fixed seeded offset in ±``clock_skew_ms``. State records are sampled on a global
+grid of host times ``start_ns + j * state_interval`` (each node on its own clock), for every
+rank and every op it is in (entry <= tau < end), until the run is cut at ``duration_s``;
+nothing is written at or after the cut, as an agent export would be.
+
+Counters at a sample time tau are "chunks whose event time <= tau", computed for all (flow,
+sample) pairs of a phase at once with one ``searchsorted`` per counter over row-offset keys
+(each flow's event times are non-decreasing in k, so ``row * STRIDE + t`` is sorted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from collscope.nodeagent.bundle import models, tables
+from collscope.operator.simulator import collectives, config, program, topology
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+# "never" in ns (~9.8 hours): larger than any simulated time, small enough that
+# row * STRIDE + t fits int64 for 2**17 flows per phase.
+NEVER_NS = 1 << 45
+STRIDE = 1 << 46
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What each member of a phase issued. Arrays ``[M]``."""
+
+    ops: list[str]
+    nbytes: IntArray
+    seq: IntArray
+    comm: IntArray
+    peer: IntArray  # -1 for collectives
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Run-wide emission settings."""
+
+    start_ns: int
+    offset_ns: IntArray  # [ranks] host clock offset of each rank's node
+    interval_ns: int
+    duration_ns: int
+    channels: int
+    comm_ids: tuple[str, ...]
+
+    @property
+    def samples(self) -> int:
+        """Grid points j with start + j * interval < start + duration."""
+        return -(-self.duration_ns // self.interval_ns)
+
+
+def to_ns(t: FloatArray) -> IntArray:
+    """Seconds (inf = never) to int ns capped at NEVER_NS."""
+    out = np.where(np.isfinite(t), np.rint(np.minimum(t, NEVER_NS / 1e9) * 1e9), NEVER_NS)
+    return out.astype(np.int64)
+
+
+def _ceil_div(a: IntArray, b: int) -> IntArray:
+    return -((-a) // b)
+
+
+def job_model(cfg: config.SimConfig, topo: topology.Topology) -> models.Job:
+    par = (
+        models.Parallelism(tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, order=cfg.order)
+        if cfg.declare_parallelism
+        else None
+    )
+    ranks = [
+        models.RankInfo(
+            rank=r,
+            node=topology.node_name(int(topo.node_of[r])),
+            pod=topology.pod_name(r),
+            gpu=r % cfg.gpus_per_node,
+            nic=topology.nic_name(r % cfg.gpus_per_node),
+        )
+        for r in range(cfg.ranks)
+    ]
+    return models.Job(
+        job=f"collscope-sim-{cfg.fault.value.name}-seed{cfg.seed}",
+        world_size=cfg.ranks,
+        parallelism=par,
+        ranks=ranks,
+    )
+
+
+def comms(b: tables.BundleBuilder, topo: topology.Topology, clk: Clock) -> None:
+    """One ``comm`` record per (rank, communicator), at job start on the rank's clock."""
+    for c in topo.comms:
+        for pos, r in enumerate(c.members):
+            b.add_comm(
+                rank=r,
+                ts=clk.start_ns + int(clk.offset_ns[r]),
+                comm=c.cid,
+                comm_rank=pos,
+                nranks=len(c.members),
+                nnodes=c.nnodes,
+                name=c.name,
+            )
+
+
+def phase(
+    b: tables.BundleBuilder,
+    phase_: program.Phase,
+    res: collectives.Result,
+    info: OpInfo,
+    clk: Clock,
+) -> None:
+    """Op completion records and state records of one timed phase."""
+    off = clk.offset_ns[res.rank]
+    entry = to_ns(res.entry)
+    end = to_ns(res.end)
+    started = entry < NEVER_NS
+    cut = clk.duration_ns
+    done = np.flatnonzero(started & (end < NEVER_NS) & (end + off < cut))
+    if len(done):
+        host_start = (clk.start_ns + entry[done] + off[done]).tolist()
+        host_end = (clk.start_ns + end[done] + off[done]).tolist()
+        rank, seq = res.rank[done].tolist(), info.seq[done].tolist()
+        comm, nbytes = info.comm[done].tolist(), info.nbytes[done].tolist()
+        peer = info.peer[done].tolist()
+        for i, m in enumerate(done.tolist()):
+            b.add_op(
+                rank=rank[i],
+                ts=host_end[i],
+                comm=clk.comm_ids[comm[i]],
+                seq=seq[i],
+                op=info.ops[m],
+                nbytes=nbytes[i],
+                start=host_start[i],
+                end=host_end[i],
+                dtype="bf16",
+                algo=phase_.algo,
+                proto="Simple",
+                channels=clk.channels,
+                peer=None if peer[i] < 0 else peer[i],
+            )
+    _states(b, res, info, clk, entry=entry, end=end, off=off, started=started)
+
+
+def _states(
+    b: tables.BundleBuilder,
+    res: collectives.Result,
+    info: OpInfo,
+    clk: Clock,
+    *,
+    entry: IntArray,
+    end: IntArray,
+    off: IntArray,
+    started: npt.NDArray[np.bool_],
+) -> None:
+    iv = clk.interval_ns
+    j_lo = np.maximum(_ceil_div(entry + off, iv), 0)
+    j_hi = np.minimum(_ceil_div(end + off, iv), clk.samples)
+    n_s = np.where(started, np.maximum(j_hi - j_lo, 0), 0)
+    total_s = int(n_s.sum())
+    if total_s == 0:
+        return
+    s_mem = np.repeat(np.arange(len(n_s)), n_s)
+    s_j = j_lo[s_mem] + np.arange(total_s) - np.repeat(np.cumsum(n_s) - n_s, n_s)
+    tau = s_j * iv - off[s_mem]  # reference-clock ns of each sample
+    kdone = (to_ns(res.chan_end)[s_mem] <= tau[:, None]).sum(axis=1)
+
+    fl = res.flows
+    f_count = np.bincount(fl.owner, minlength=len(n_s))
+    f_start = np.cumsum(f_count) - f_count
+    nf = f_count[s_mem]
+    n_pairs = int(nf.sum())
+    cols: list[list[int]] = []
+    if n_pairs:
+        p_s = np.repeat(np.arange(total_s), nf)
+        p_f = f_start[s_mem][p_s] + np.arange(n_pairs) - np.repeat(np.cumsum(nf) - nf, nf)
+        cols = _flow_columns(fl, p_f, tau[p_s], entry[fl.owner[p_f]])
+    flows = list(zip(*cols, strict=True)) if cols else []
+    bounds = np.concatenate([[0], np.cumsum(nf)]).tolist()
+
+    ts = (clk.start_ns + s_j * iv).tolist()
+    members = s_mem.tolist()
+    kd = kdone.tolist()
+    rank = res.rank.tolist()
+    host_entry = (clk.start_ns + entry + off).tolist()
+    comm_ids = [clk.comm_ids[c] for c in info.comm.tolist()]
+    seq = info.seq.tolist()
+    nbytes = info.nbytes.tolist()
+    channels = clk.channels
+    for i, m in enumerate(members):
+        b.add_state(
+            rank=rank[m],
+            ts=ts[i],
+            comm=comm_ids[m],
+            seq=seq[m],
+            op=info.ops[m],
+            nbytes=nbytes[m],
+            start=host_entry[m],
+            flows=flows[bounds[i] : bounds[i + 1]],
+            kernel=(channels, kd[i]),
+        )
+
+
+def _flow_columns(
+    fl: collectives.Flows, p_f: IntArray, tau: IntArray, entry: IntArray
+) -> list[list[int]]:
+    """FlowTuple columns for (flow, sample) pairs: counts and idle time at each sample."""
+    used, inverse = np.unique(p_f, return_inverse=True)
+    rows = inverse.astype(np.int64)
+    times = fl.times(used)
+    k = times[0].shape[1]
+    base = np.arange(len(used), dtype=np.int64)[:, None] * STRIDE
+    counts: list[IntArray] = []
+    last = entry.copy()
+    for t in times:
+        t_ns = np.maximum.accumulate(to_ns(t), axis=1)
+        keys = (base + t_ns).ravel()
+        c = np.searchsorted(keys, rows * STRIDE + tau, side="right") - rows * k
+        counts.append(c)
+        prev = t_ns[rows, np.maximum(c - 1, 0)]
+        last = np.maximum(last, np.where(c > 0, prev, -1))
+    idle = tau - last
+    send = fl.dir[p_f] == tables.SEND
+    neg = np.full(len(p_f), -1, dtype=np.int64)
+    c1, c2, c3 = counts
+    return [
+        fl.channel[p_f].tolist(),
+        fl.peer[p_f].tolist(),
+        fl.dir[p_f].tolist(),
+        fl.total[p_f].tolist(),
+        np.where(send, c1, neg).tolist(),
+        np.where(send, c2, neg).tolist(),
+        np.where(send, neg, c1).tolist(),
+        np.where(send, c3, c2).tolist(),
+        np.where(send, neg, c3).tolist(),
+        idle.tolist(),
+    ]
