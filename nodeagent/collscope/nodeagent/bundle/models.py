@@ -17,9 +17,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SCHEMA = "collscope.bundle/v1"
+SCHEMA: Literal["collscope.bundle/v1"] = "collscope.bundle/v1"
 
-NonNeg = Annotated[int, Field(ge=0)]
+# Upper bounds are the columns of tables.py: i8 for times, sizes and counts, i4 for ranks,
+# channels and peers. Without them a record the model accepts cannot be stored (OverflowError
+# in BundleBuilder.build() instead of an error naming the line).
+NonNeg = Annotated[int, Field(ge=0, le=2**63 - 1)]
+NonNeg32 = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Positive32 = Annotated[int, Field(ge=1, le=2**31 - 1)]
 # Communicator ids are lowercase hex strings with a 0x prefix, as the plugin prints commHash.
 CommHex = Annotated[str, Field(pattern=r"^0x[0-9a-f]+$", max_length=34)]
 
@@ -82,16 +87,16 @@ class Job(_Model):
 
 
 class _Record(_Model):
-    rank: NonNeg
+    rank: NonNeg32
     ts: NonNeg
 
 
 class CommRecord(_Record):
     type: Literal["comm"] = "comm"
     comm: CommHex
-    comm_rank: NonNeg
-    nranks: Annotated[int, Field(ge=1)]
-    nnodes: Annotated[int, Field(ge=1)] = 1
+    comm_rank: NonNeg32
+    nranks: Positive32
+    nnodes: Positive32 = 1
     name: str = ""
 
     @model_validator(mode="after")
@@ -110,10 +115,10 @@ class OpRecord(_Record):
     dtype: str = ""
     algo: str = ""
     proto: str = ""
-    channels: NonNeg = 0
+    channels: NonNeg32 = 0
     start: NonNeg
     end: NonNeg
-    peer: NonNeg | None = None
+    peer: NonNeg32 | None = None
 
     @model_validator(mode="after")
     def _ends_after_start(self) -> OpRecord:
@@ -123,8 +128,8 @@ class OpRecord(_Record):
 
 
 class SendFlow(_Model):
-    channel: NonNeg
-    peer: NonNeg
+    channel: NonNeg32
+    peer: NonNeg32
     dir: Literal["send"]
     total: NonNeg
     ready: NonNeg
@@ -135,14 +140,15 @@ class SendFlow(_Model):
     @model_validator(mode="after")
     def _monotone(self) -> SendFlow:
         if not self.ready >= self.sent >= self.done:
-            raise ValueError(f"need ready >= sent >= done (got {self.ready}, {self.sent}, "
-                             f"{self.done})")
+            raise ValueError(
+                f"need ready >= sent >= done (got {self.ready}, {self.sent}, {self.done})"
+            )
         return self
 
 
 class RecvFlow(_Model):
-    channel: NonNeg
-    peer: NonNeg
+    channel: NonNeg32
+    peer: NonNeg32
     dir: Literal["recv"]
     total: NonNeg
     posted: NonNeg
@@ -153,8 +159,9 @@ class RecvFlow(_Model):
     @model_validator(mode="after")
     def _monotone(self) -> RecvFlow:
         if not self.posted >= self.done >= self.consumed:
-            raise ValueError(f"need posted >= done >= consumed (got {self.posted}, "
-                             f"{self.done}, {self.consumed})")
+            raise ValueError(
+                f"need posted >= done >= consumed (got {self.posted}, {self.done}, {self.consumed})"
+            )
         return self
 
 
@@ -164,8 +171,8 @@ Flow = Annotated[SendFlow | RecvFlow, Field(discriminator="dir")]
 class KernelProgress(_Model):
     """GPU-side progress for hops with no proxy: channels whose kernel finished the op."""
 
-    channels: NonNeg
-    done: NonNeg
+    channels: NonNeg32
+    done: NonNeg32
 
     @model_validator(mode="after")
     def _bounded(self) -> KernelProgress:

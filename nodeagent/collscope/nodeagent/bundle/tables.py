@@ -35,28 +35,73 @@ SEND = 0
 RECV = 1
 DIRS = ("send", "recv")
 
-COMM_DTYPE = np.dtype([
-    ("rank", "i4"), ("ts", "i8"), ("comm", "i4"), ("comm_rank", "i4"),
-    ("nranks", "i4"), ("nnodes", "i4"), ("name", "i4"),
-])
-OP_DTYPE = np.dtype([
-    ("rank", "i4"), ("ts", "i8"), ("comm", "i4"), ("seq", "i8"), ("op", "i4"),
-    ("bytes", "i8"), ("dtype", "i4"), ("algo", "i4"), ("proto", "i4"), ("channels", "i4"),
-    ("peer", "i4"), ("start", "i8"), ("end", "i8"),
-])
-STATE_DTYPE = np.dtype([
-    ("rank", "i4"), ("ts", "i8"), ("comm", "i4"), ("seq", "i8"), ("op", "i4"),
-    ("bytes", "i8"), ("start", "i8"), ("kernel_channels", "i4"), ("kernel_done", "i4"),
-    ("flow_lo", "i8"), ("flow_hi", "i8"),
-])
-FLOW_DTYPE = np.dtype([
-    ("channel", "i4"), ("peer", "i4"), ("dir", "i1"), ("total", "i8"), ("ready", "i8"),
-    ("sent", "i8"), ("posted", "i8"), ("done", "i8"), ("consumed", "i8"), ("idle_ns", "i8"),
-])
-HW_DTYPE = np.dtype([
-    ("rank", "i4"), ("ts", "i8"), ("node", "i4"), ("device", "i4"), ("metric", "i4"),
-    ("value", "f8"),
-])
+COMM_DTYPE = np.dtype(
+    [
+        ("rank", "i4"),
+        ("ts", "i8"),
+        ("comm", "i4"),
+        ("comm_rank", "i4"),
+        ("nranks", "i4"),
+        ("nnodes", "i4"),
+        ("name", "i4"),
+    ]
+)
+OP_DTYPE = np.dtype(
+    [
+        ("rank", "i4"),
+        ("ts", "i8"),
+        ("comm", "i4"),
+        ("seq", "i8"),
+        ("op", "i4"),
+        ("bytes", "i8"),
+        ("dtype", "i4"),
+        ("algo", "i4"),
+        ("proto", "i4"),
+        ("channels", "i4"),
+        ("peer", "i4"),
+        ("start", "i8"),
+        ("end", "i8"),
+    ]
+)
+STATE_DTYPE = np.dtype(
+    [
+        ("rank", "i4"),
+        ("ts", "i8"),
+        ("comm", "i4"),
+        ("seq", "i8"),
+        ("op", "i4"),
+        ("bytes", "i8"),
+        ("start", "i8"),
+        ("kernel_channels", "i4"),
+        ("kernel_done", "i4"),
+        ("flow_lo", "i8"),
+        ("flow_hi", "i8"),
+    ]
+)
+FLOW_DTYPE = np.dtype(
+    [
+        ("channel", "i4"),
+        ("peer", "i4"),
+        ("dir", "i1"),
+        ("total", "i8"),
+        ("ready", "i8"),
+        ("sent", "i8"),
+        ("posted", "i8"),
+        ("done", "i8"),
+        ("consumed", "i8"),
+        ("idle_ns", "i8"),
+    ]
+)
+HW_DTYPE = np.dtype(
+    [
+        ("rank", "i4"),
+        ("ts", "i8"),
+        ("node", "i4"),
+        ("device", "i4"),
+        ("metric", "i4"),
+        ("value", "f8"),
+    ]
+)
 
 Table = npt.NDArray[np.void]
 
@@ -97,7 +142,7 @@ class Bundle:
     def state_flows(self, state_row: int) -> Table:
         """The flow rows of one state record (a view, no copy)."""
         row = self.states[state_row]
-        return self.flows[int(row["flow_lo"]):int(row["flow_hi"])]
+        return self.flows[int(row["flow_lo"]) : int(row["flow_hi"])]
 
     @property
     def ranks(self) -> npt.NDArray[np.int32]:
@@ -115,51 +160,90 @@ class Bundle:
         joined = np.concatenate(parts)
         return int(joined.min()), int(joined.max())
 
-    def iter_records(self) -> Iterator[models.CommRecord | models.OpRecord |
-                                       models.StateRecord | models.HwRecord]:
+    def iter_records(
+        self,
+    ) -> Iterator[models.CommRecord | models.OpRecord | models.StateRecord | models.HwRecord]:
         """Every record as its pydantic model: comms, then ops, states, hw (writer, tests)."""
         s = self.strings
         for c in self.comms:
-            yield models.CommRecord(rank=int(c["rank"]), ts=int(c["ts"]),
-                                    comm=self.comm_ids[c["comm"]], comm_rank=int(c["comm_rank"]),
-                                    nranks=int(c["nranks"]), nnodes=int(c["nnodes"]),
-                                    name=s[c["name"]])
+            yield models.CommRecord(
+                rank=int(c["rank"]),
+                ts=int(c["ts"]),
+                comm=self.comm_ids[c["comm"]],
+                comm_rank=int(c["comm_rank"]),
+                nranks=int(c["nranks"]),
+                nnodes=int(c["nnodes"]),
+                name=s[c["name"]],
+            )
         for o in self.ops:
             peer = int(o["peer"])
-            yield models.OpRecord(rank=int(o["rank"]), ts=int(o["ts"]),
-                                  comm=self.comm_ids[o["comm"]], seq=int(o["seq"]),
-                                  op=s[o["op"]], bytes=int(o["bytes"]), dtype=s[o["dtype"]],
-                                  algo=s[o["algo"]], proto=s[o["proto"]],
-                                  channels=int(o["channels"]), start=int(o["start"]),
-                                  end=int(o["end"]), peer=None if peer < 0 else peer)
+            yield models.OpRecord(
+                rank=int(o["rank"]),
+                ts=int(o["ts"]),
+                comm=self.comm_ids[o["comm"]],
+                seq=int(o["seq"]),
+                op=s[o["op"]],
+                bytes=int(o["bytes"]),
+                dtype=s[o["dtype"]],
+                algo=s[o["algo"]],
+                proto=s[o["proto"]],
+                channels=int(o["channels"]),
+                start=int(o["start"]),
+                end=int(o["end"]),
+                peer=None if peer < 0 else peer,
+            )
         for i, st in enumerate(self.states):
             flows: list[models.SendFlow | models.RecvFlow] = []
             for f in self.state_flows(i):
                 flows.append(flow_model(f))
             kc = int(st["kernel_channels"])
             yield models.StateRecord(
-                rank=int(st["rank"]), ts=int(st["ts"]), comm=self.comm_ids[st["comm"]],
-                seq=int(st["seq"]), op=s[st["op"]], bytes=int(st["bytes"]),
-                start=int(st["start"]), flows=flows,
-                kernel=None if kc < 0 else models.KernelProgress(channels=kc,
-                                                                 done=int(st["kernel_done"])))
+                rank=int(st["rank"]),
+                ts=int(st["ts"]),
+                comm=self.comm_ids[st["comm"]],
+                seq=int(st["seq"]),
+                op=s[st["op"]],
+                bytes=int(st["bytes"]),
+                start=int(st["start"]),
+                flows=flows,
+                kernel=None
+                if kc < 0
+                else models.KernelProgress(channels=kc, done=int(st["kernel_done"])),
+            )
         for h in self.hw:
-            yield models.HwRecord(rank=int(h["rank"]), ts=int(h["ts"]), node=s[h["node"]],
-                                  device=s[h["device"]], metric=s[h["metric"]],
-                                  value=float(h["value"]))
+            yield models.HwRecord(
+                rank=int(h["rank"]),
+                ts=int(h["ts"]),
+                node=s[h["node"]],
+                device=s[h["device"]],
+                metric=s[h["metric"]],
+                value=float(h["value"]),
+            )
 
 
 def flow_model(row: Any) -> models.SendFlow | models.RecvFlow:
     """One FLOW_DTYPE row as its pydantic model."""
     if int(row["dir"]) == SEND:
-        return models.SendFlow(channel=int(row["channel"]), peer=int(row["peer"]), dir="send",
-                               total=int(row["total"]), ready=int(row["ready"]),
-                               sent=int(row["sent"]), done=int(row["done"]),
-                               idle_ns=int(row["idle_ns"]))
-    return models.RecvFlow(channel=int(row["channel"]), peer=int(row["peer"]), dir="recv",
-                           total=int(row["total"]), posted=int(row["posted"]),
-                           done=int(row["done"]), consumed=int(row["consumed"]),
-                           idle_ns=int(row["idle_ns"]))
+        return models.SendFlow(
+            channel=int(row["channel"]),
+            peer=int(row["peer"]),
+            dir="send",
+            total=int(row["total"]),
+            ready=int(row["ready"]),
+            sent=int(row["sent"]),
+            done=int(row["done"]),
+            idle_ns=int(row["idle_ns"]),
+        )
+    return models.RecvFlow(
+        channel=int(row["channel"]),
+        peer=int(row["peer"]),
+        dir="recv",
+        total=int(row["total"]),
+        posted=int(row["posted"]),
+        done=int(row["done"]),
+        consumed=int(row["consumed"]),
+        idle_ns=int(row["idle_ns"]),
+    )
 
 
 @dataclass
@@ -176,6 +260,63 @@ class _Interner:
         return i
 
 
+# Rows wait as tuples until this many accumulate, then are copied into their table's numpy
+# array. A tuple row costs about three times its numpy row (a state record with 8 flows: ~1.7 KB
+# as tuples, ~0.6 KB as numpy rows, ~1 KB as JSON), so the backlog is kept short: ~2 MB a table.
+_CHUNK_ROWS = 8192
+# A full array grows by this factor with realloc(), which extends large blocks in place
+# (mremap): the peak is the table plus this margin, never the table plus a copy of it. Small,
+# since in-place growth is cheap: ~100 reallocs take a table from 8k to 1G rows.
+_GROWTH = 1.125
+
+
+class _Rows:
+    """The rows of one table: a growing numpy array plus a short backlog of tuples."""
+
+    def __init__(self, dtype: np.dtype[np.void]) -> None:
+        self.dtype = dtype
+        self.buf: Table = np.empty(0, dtype=dtype)
+        self.size = 0  # rows of buf in use; the rest is growth margin
+        self.pending: list[tuple[Any, ...]] = []
+        self.shared = False  # buf went into a Bundle: copy it before writing to it again
+
+    def __len__(self) -> int:
+        return self.size + len(self.pending)
+
+    def append(self, row: tuple[Any, ...]) -> None:
+        self.pending.append(row)
+        if len(self.pending) >= _CHUNK_ROWS:
+            self._flush()
+
+    def extend(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        self.pending.extend(rows)
+        if len(self.pending) >= _CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        need = self.size + len(self.pending)
+        if self.shared:
+            self.buf = self.buf[: self.size].copy()
+            self.shared = False
+        if need > len(self.buf):
+            self.buf.resize(
+                max(need, int(len(self.buf) * _GROWTH), _CHUNK_ROWS), refcheck=False
+            )  # buf owns its data and no view of it exists
+        self.buf[self.size : need] = self.pending
+        self.size = need
+        self.pending = []
+
+    def array(self) -> Table:
+        """Every row as one array, without the growth margin (shrunk in place, not copied)."""
+        self._flush()
+        if len(self.buf) != self.size:
+            self.buf.resize(self.size, refcheck=False)
+        self.shared = True
+        return self.buf
+
+
 # A flow as the builder takes it: (channel, peer, dir, total, ready, sent, posted, done,
 # consumed, idle_ns), dir SEND/RECV, unused counts -1. Tuples, not models: the simulator emits
 # millions of them.
@@ -185,8 +326,9 @@ FlowTuple = tuple[int, int, int, int, int, int, int, int, int, int]
 class BundleBuilder:
     """Accumulates records row by row and turns them into a sorted ``Bundle``.
 
-    Rows are kept as Python tuples until ``build()``; callers that stream (the reader) filter
-    before adding, so only the window they asked for is ever held.
+    Rows wait as Python tuples in a short backlog (``_CHUNK_ROWS``), then go into one growing
+    numpy array per table, so memory follows the numpy size; callers that stream (the reader)
+    filter before adding, so only the window they asked for is ever held.
     """
 
     def __init__(self, job: models.Job, *, source: str = "<memory>") -> None:
@@ -195,71 +337,170 @@ class BundleBuilder:
         self._comm = _Interner()
         self._str = _Interner()
         self._str("")  # index 0 is the empty string: absent algo/proto/dtype/name
-        self._comms: list[tuple[Any, ...]] = []
-        self._ops: list[tuple[Any, ...]] = []
-        self._states: list[tuple[Any, ...]] = []
-        self._flows: list[FlowTuple] = []
-        self._hw: list[tuple[Any, ...]] = []
+        self._comms = _Rows(COMM_DTYPE)
+        self._ops = _Rows(OP_DTYPE)
+        self._states = _Rows(STATE_DTYPE)
+        self._flows = _Rows(FLOW_DTYPE)
+        self._hw = _Rows(HW_DTYPE)
 
-    def add_comm(self, *, rank: int, ts: int, comm: str, comm_rank: int, nranks: int,
-                 nnodes: int = 1, name: str = "") -> None:
-        self._comms.append((rank, ts, self._comm(comm), comm_rank, nranks, nnodes,
-                            self._str(name)))
+    def add_comm(
+        self,
+        *,
+        rank: int,
+        ts: int,
+        comm: str,
+        comm_rank: int,
+        nranks: int,
+        nnodes: int = 1,
+        name: str = "",
+    ) -> None:
+        self._comms.append((rank, ts, self._comm(comm), comm_rank, nranks, nnodes, self._str(name)))
 
-    def add_op(self, *, rank: int, ts: int, comm: str, seq: int, op: str, nbytes: int,
-               start: int, end: int, dtype: str = "", algo: str = "", proto: str = "",
-               channels: int = 0, peer: int | None = None) -> None:
-        self._ops.append((rank, ts, self._comm(comm), seq, self._str(op), nbytes,
-                          self._str(dtype), self._str(algo), self._str(proto), channels,
-                          -1 if peer is None else peer, start, end))
+    def add_op(
+        self,
+        *,
+        rank: int,
+        ts: int,
+        comm: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        start: int,
+        end: int,
+        dtype: str = "",
+        algo: str = "",
+        proto: str = "",
+        channels: int = 0,
+        peer: int | None = None,
+    ) -> None:
+        self._ops.append(
+            (
+                rank,
+                ts,
+                self._comm(comm),
+                seq,
+                self._str(op),
+                nbytes,
+                self._str(dtype),
+                self._str(algo),
+                self._str(proto),
+                channels,
+                -1 if peer is None else peer,
+                start,
+                end,
+            )
+        )
 
-    def add_state(self, *, rank: int, ts: int, comm: str, seq: int, op: str, nbytes: int,
-                  start: int, flows: Sequence[FlowTuple] = (),
-                  kernel: tuple[int, int] | None = None) -> None:
+    def add_state(
+        self,
+        *,
+        rank: int,
+        ts: int,
+        comm: str,
+        seq: int,
+        op: str,
+        nbytes: int,
+        start: int,
+        flows: Sequence[FlowTuple] = (),
+        kernel: tuple[int, int] | None = None,
+    ) -> None:
         lo = len(self._flows)
         self._flows.extend(flows)
         kc, kd = kernel if kernel is not None else (-1, -1)
-        self._states.append((rank, ts, self._comm(comm), seq, self._str(op), nbytes, start,
-                             kc, kd, lo, len(self._flows)))
+        self._states.append(
+            (
+                rank,
+                ts,
+                self._comm(comm),
+                seq,
+                self._str(op),
+                nbytes,
+                start,
+                kc,
+                kd,
+                lo,
+                len(self._flows),
+            )
+        )
 
-    def add_hw(self, *, rank: int, ts: int, node: str, device: str, metric: str,
-               value: float) -> None:
-        self._hw.append((rank, ts, self._str(node), self._str(device), self._str(metric),
-                         value))
+    def add_hw(
+        self, *, rank: int, ts: int, node: str, device: str, metric: str, value: float
+    ) -> None:
+        self._hw.append((rank, ts, self._str(node), self._str(device), self._str(metric), value))
 
-    def add_record(self, rec: models.CommRecord | models.OpRecord | models.StateRecord |
-                   models.HwRecord) -> None:
+    def add_record(
+        self, rec: models.CommRecord | models.OpRecord | models.StateRecord | models.HwRecord
+    ) -> None:
         """Add one validated record model (the reader's slow path, tests)."""
         if isinstance(rec, models.CommRecord):
-            self.add_comm(rank=rec.rank, ts=rec.ts, comm=rec.comm, comm_rank=rec.comm_rank,
-                          nranks=rec.nranks, nnodes=rec.nnodes, name=rec.name)
+            self.add_comm(
+                rank=rec.rank,
+                ts=rec.ts,
+                comm=rec.comm,
+                comm_rank=rec.comm_rank,
+                nranks=rec.nranks,
+                nnodes=rec.nnodes,
+                name=rec.name,
+            )
         elif isinstance(rec, models.OpRecord):
-            self.add_op(rank=rec.rank, ts=rec.ts, comm=rec.comm, seq=rec.seq, op=rec.op,
-                        nbytes=rec.bytes, start=rec.start, end=rec.end, dtype=rec.dtype,
-                        algo=rec.algo, proto=rec.proto, channels=rec.channels, peer=rec.peer)
+            self.add_op(
+                rank=rec.rank,
+                ts=rec.ts,
+                comm=rec.comm,
+                seq=rec.seq,
+                op=rec.op,
+                nbytes=rec.bytes,
+                start=rec.start,
+                end=rec.end,
+                dtype=rec.dtype,
+                algo=rec.algo,
+                proto=rec.proto,
+                channels=rec.channels,
+                peer=rec.peer,
+            )
         elif isinstance(rec, models.StateRecord):
-            self.add_state(rank=rec.rank, ts=rec.ts, comm=rec.comm, seq=rec.seq, op=rec.op,
-                           nbytes=rec.bytes, start=rec.start,
-                           flows=[flow_tuple(f) for f in rec.flows],
-                           kernel=None if rec.kernel is None else (rec.kernel.channels,
-                                                                   rec.kernel.done))
+            self.add_state(
+                rank=rec.rank,
+                ts=rec.ts,
+                comm=rec.comm,
+                seq=rec.seq,
+                op=rec.op,
+                nbytes=rec.bytes,
+                start=rec.start,
+                flows=[flow_tuple(f) for f in rec.flows],
+                kernel=None if rec.kernel is None else (rec.kernel.channels, rec.kernel.done),
+            )
         else:
-            self.add_hw(rank=rec.rank, ts=rec.ts, node=rec.node, device=rec.device,
-                        metric=rec.metric, value=rec.value)
+            self.add_hw(
+                rank=rec.rank,
+                ts=rec.ts,
+                node=rec.node,
+                device=rec.device,
+                metric=rec.metric,
+                value=rec.value,
+            )
 
     def build(self) -> Bundle:
         """Sort every table by (rank, time) and return the immutable ``Bundle``."""
-        comms = _sorted(np.array(self._comms, dtype=COMM_DTYPE), ("rank", "comm"))
-        ops = _sorted(np.array(self._ops, dtype=OP_DTYPE), ("rank", "end", "comm"))
-        states = np.array(self._states, dtype=STATE_DTYPE)
-        flows = np.array(self._flows, dtype=FLOW_DTYPE)
+        comms = _sorted(self._comms.array(), ("rank", "comm"))
+        ops = _sorted(self._ops.array(), ("rank", "end", "comm"))
+        states = self._states.array()
+        flows = self._flows.array()
         order = np.lexsort((states["comm"], states["ts"], states["rank"]))
         if len(order) and not np.all(order[1:] > order[:-1]):
             states, flows = _reorder_states(states, flows, order)
-        hw = _sorted(np.array(self._hw, dtype=HW_DTYPE), ("rank", "ts"))
-        return Bundle(job=self.job, comm_ids=tuple(self._comm.values),
-                      strings=tuple(self._str.values), comms=comms, ops=ops, states=states,
-                      flows=flows, hw=hw, source=self.source)
+        hw = _sorted(self._hw.array(), ("rank", "ts"))
+        return Bundle(
+            job=self.job,
+            comm_ids=tuple(self._comm.values),
+            strings=tuple(self._str.values),
+            comms=comms,
+            ops=ops,
+            states=states,
+            flows=flows,
+            hw=hw,
+            source=self.source,
+        )
 
 
 def flow_tuple(f: models.SendFlow | models.RecvFlow) -> FlowTuple:
@@ -272,19 +513,23 @@ def _sorted(table: Table, keys: tuple[str, ...]) -> Table:
     if len(table) == 0:
         return table
     order = np.lexsort(tuple(table[k] for k in reversed(keys)))
+    if np.all(order[1:] > order[:-1]):
+        return table  # already sorted (a bundle the writer wrote): no copy
     return table[order]
 
 
-def _reorder_states(states: Table, flows: Table, order: npt.NDArray[np.intp]
-                    ) -> tuple[Table, Table]:
+def _reorder_states(
+    states: Table, flows: Table, order: npt.NDArray[np.intp]
+) -> tuple[Table, Table]:
     """Reorder state rows and lay their flows out again so each state's flows stay contiguous."""
     states = states[order]
     lengths = states["flow_hi"] - states["flow_lo"]
-    take = np.concatenate([np.arange(lo, hi) for lo, hi in
-                           zip(states["flow_lo"], states["flow_hi"], strict=True)]
-                          ) if len(states) else np.zeros(0, dtype=np.int64)
-    flows = flows[take.astype(np.intp)]
     hi = np.cumsum(lengths)
+    # Flow k of the new layout belongs to the state whose new range holds k; it comes from that
+    # state's old range at the same offset. Vectorised: one arange plus a per-state shift.
+    shift = np.repeat(states["flow_lo"] - (hi - lengths), lengths)
+    take = np.arange(len(shift), dtype=np.int64) + shift
+    flows = flows[take.astype(np.intp)]
     states = states.copy()
     states["flow_lo"] = hi - lengths
     states["flow_hi"] = hi
