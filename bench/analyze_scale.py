@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     print(
-        f"# analysis of a {WINDOW_S:g} s trigger window; {platform.processor() or platform.machine()}"
-        f", {os.cpu_count()} CPUs, Python {platform.python_version()}, pinned to one core"
+        f"# analysis of a {WINDOW_S:g} s trigger window; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, pinned to one core"
     )
     print(f"# command: {' '.join(sys.argv)}\n")
     print(

@@ -1,0 +1,121 @@
+"""What "normal" looks like, learned online from completed operations of the sampled ranks.
+
+Three baselines, each from a paper:
+
+- stall threshold per communicator (hang trigger): ``max(floor, k * p99)`` of its recent
+  operation durations. CCL-D §4.2.1 sets the hang threshold "considering such long operations"
+  (checkpoints, synchronisation); learning it per communicator keeps a legitimately long
+  pipeline receive or checkpoint barrier from looking like a hang, and the floor keeps short
+  jobs from hair-trigger alarms.
+- ``Tbase`` per (comm, op, bytes) (CCL-D §4.2.1 eq. 1): mean of the per-round maximum duration
+  over the first ``m`` rounds, ``m = min(m_max, rounds in the first span)``. CCL-D's span is
+  two minutes; ours is a setting because simulated runs last seconds. Until learned there is
+  no slowdown ratio (no configured initial baseline by default).
+- normal throughput and operation interval per sampled rank (Mycroft Algorithm 1 line 9):
+  medians of the values seen on recent ticks where nothing looked wrong.
+
+Everything is fed only with records at or before the current tick (the trigger is causal).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NS = 1_000_000_000
+Key = tuple[int, int, int]  # (comm index, op string index, bytes)
+
+
+@dataclass
+class _KeyBase:
+    first_end: int
+    round_max: dict[int, int] = field(default_factory=dict)  # seq -> max duration (ns)
+    tbase_ns: float | None = None
+
+
+class Baselines:
+    """Mutable learner; one per trigger evaluator."""
+
+    def __init__(
+        self, *, history: int, base_rounds: int, base_span_ns: int, normal_history: int
+    ) -> None:
+        self._history = history
+        self._base_rounds = base_rounds
+        self._base_span_ns = base_span_ns
+        self._normal_history = normal_history
+        self._durations: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=history))
+        self._keys: dict[Key, _KeyBase] = {}
+        self._throughput: dict[int, deque[float]] = defaultdict(
+            lambda: deque(maxlen=normal_history)
+        )
+        self._interval: dict[tuple[int, int], deque[float]] = defaultdict(
+            lambda: deque(maxlen=normal_history)
+        )
+
+    # -- learning from completions ------------------------------------------------------------
+    def learn_ops(self, done: np.ndarray) -> None:
+        """Feed newly completed operations (each exactly once), in completion order.
+
+        ``done`` holds op rows (``tables.OP_DTYPE`` fields comm, op, bytes, seq, start, end).
+        """
+        comm, op, nbytes = done["comm"], done["op"], done["bytes"]
+        seq, start, end = done["seq"], done["start"], done["end"]
+        dur = (end - start).tolist()
+        for c, o, b, s, d, e in zip(
+            comm.tolist(),
+            op.tolist(),
+            nbytes.tolist(),
+            seq.tolist(),
+            dur,
+            end.tolist(),
+            strict=True,
+        ):
+            self._durations[c].append(d)
+            key = (c, o, b)
+            kb = self._keys.get(key)
+            if kb is None:
+                kb = self._keys[key] = _KeyBase(first_end=e)
+            if kb.tbase_ns is not None:
+                continue
+            if e - kb.first_end > self._base_span_ns and kb.round_max and s not in kb.round_max:
+                self._freeze(kb)
+                continue
+            kb.round_max[s] = max(kb.round_max.get(s, 0), d)
+            if len(kb.round_max) > self._base_rounds:
+                self._freeze(kb)
+
+    def _freeze(self, kb: _KeyBase) -> None:
+        # The newest round may still be missing members: keep the first m complete ones.
+        seqs = sorted(kb.round_max)[: self._base_rounds]
+        kb.tbase_ns = float(np.mean([kb.round_max[s] for s in seqs]))
+        kb.round_max.clear()
+
+    # -- queries --------------------------------------------------------------------------------
+    def stall_threshold_ns(self, comm: int, *, floor_ns: int, k: float) -> int:
+        d = self._durations.get(comm)
+        if not d:
+            return floor_ns
+        return max(floor_ns, int(k * float(np.percentile(np.fromiter(d, dtype=np.int64), 99))))
+
+    def tbase_ns(self, key: Key) -> float | None:
+        kb = self._keys.get(key)
+        return None if kb is None else kb.tbase_ns
+
+    def normal_throughput(self, rank: int, min_samples: int) -> float | None:
+        v = self._throughput.get(rank)
+        return float(np.median(v)) if v is not None and len(v) >= min_samples else None
+
+    def normal_interval(self, rank: int, comm: int, min_samples: int) -> float | None:
+        v = self._interval.get((rank, comm))
+        return float(np.median(v)) if v is not None and len(v) >= min_samples else None
+
+    # -- learning from healthy ticks (Mycroft Algorithm 1 line 9) -----------------------------
+    def learn_tick(
+        self, throughput: dict[int, float], intervals: dict[tuple[int, int], float]
+    ) -> None:
+        for r, v in throughput.items():
+            self._throughput[r].append(v)
+        for rc, v in intervals.items():
+            self._interval[rc].append(v)

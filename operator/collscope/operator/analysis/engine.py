@@ -1,0 +1,158 @@
+"""``diagnose(bundle) -> Diagnosis``: the one entry point of analysis (CLI, operator, benchmarks).
+
+It replays a bundle the way the operator lives through a job (DESIGN.md steps 4-6):
+
+1. communicators and groups from ``comm`` records (``groups``); up to 10 sampled ranks, at
+   least one per DP group (Mycroft §4.3);
+2. ticks every ``tick_s`` from the bundle's first timestamp to its last (and the last one
+   itself); at each tick the trigger (``trigger``, Mycroft Algorithm 1 + CCL-D §4.2.1) sees only
+   the sampled ranks' records with ts <= tick;
+3. at the first trigger, the window of *every* rank around it is cut (``view``: Mycroft §5.1's
+   (t - Δ, t], stretched back to the start of the stall or slowdown, plus the baseline history
+   a slowdown is judged against) and root-cause analysis runs on it (``failure`` for hangs,
+   ``straggler`` for slowdowns).
+
+No trigger => ``Diagnosis(anomaly=False)`` with one line saying what was checked.
+Confidence = coverage x (0.5 + 0.5 x margin): how much of the implicated group had records,
+and how far the best culprit stands above the next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from collscope.nodeagent.bundle import tables
+from collscope.operator.analysis import (
+    diagnosis,
+    failure,
+    groups,
+    inflight,
+    placement,
+    straggler,
+    trigger,
+    view,
+)
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """Every threshold of analysis, grouped by stage; defaults tuned on the simulator."""
+
+    tick_s: float = 1.0  # the operator pulls trigger summaries once a second (DESIGN.md §5)
+    max_sampled: int = 10  # Mycroft §4.3: at most 10 ranks watched continuously
+    hang_window_s: float = 2.0  # Δ of the failure window (t - Δ, t] (Mycroft §5.1)
+    hang_lookback_s: float = 1.0  # ... reaching at least this far before the stall began
+    slow_baseline_s: float = 4.0  # history before a slowdown its baseline is learned from
+    trigger: trigger.TriggerSettings = field(default_factory=trigger.TriggerSettings)
+    failure: failure.FailureSettings = field(default_factory=failure.FailureSettings)
+    straggler: straggler.StragglerSettings = field(default_factory=straggler.StragglerSettings)
+
+
+def diagnose(
+    bundle: tables.Bundle,
+    settings: AnalysisSettings = AnalysisSettings(),
+    *,
+    sampled: Sequence[int] | None = None,
+) -> diagnosis.Diagnosis:
+    """Replay ``bundle`` tick by tick; diagnose the first anomaly (see module docstring)."""
+    span = bundle.time_span()
+    if span is None:
+        return diagnosis.Diagnosis(anomaly=False, evidence=["the bundle holds no records"])
+    grp = groups.build(bundle)
+    where = placement.Placement.of(bundle.job)
+    watch = (
+        tuple(sorted(sampled))
+        if sampled is not None
+        else groups.sample_ranks(grp, bundle.job, settings.max_sampled)
+    )
+    interval = inflight.infer_interval_ns(bundle, int(settings.trigger.state_interval_s * NS))
+    watched = view.select(bundle, ranks=watch)
+    state = trigger.TriggerState(watch, settings.trigger, interval_ns=interval)
+    first, last = span
+    step = int(settings.tick_s * NS)
+    ticks = [*range(first + step, last, step), last]
+    hit = None
+    for t in ticks:
+        hit = state.update(watched, t)
+        if hit is not None:
+            break
+    if hit is None:
+        return diagnosis.Diagnosis(
+            anomaly=False,
+            evidence=[
+                f"replayed {(last - first) / NS:.1f} s in {len(ticks)} ticks of "
+                f"{settings.tick_s:g} s on sampled ranks {list(watch)} "
+                f"({len(grp.of_kind('dp'))} DP groups, {len(grp.comms)} communicators): no "
+                f"operation stalled past its threshold and no throughput, interval or CCL-D "
+                f"slowdown ratio alarm held {settings.trigger.repeat_ticks} ticks in a row"
+            ],
+        )
+    return _root_cause(bundle, hit, grp=grp, where=where, settings=settings, interval=interval)
+
+
+def _root_cause(
+    bundle: tables.Bundle,
+    hit: trigger.TriggerResult,
+    *,
+    grp: groups.Groups,
+    where: placement.Placement,
+    settings: AnalysisSettings,
+    interval: int,
+) -> diagnosis.Diagnosis:
+    t = hit.tick_ns
+    finding: failure.Finding | None
+    if hit.kind == "hang":
+        since = min(
+            t - int(settings.hang_window_s * NS), hit.since_ns - int(settings.hang_lookback_s * NS)
+        )
+        window = view.select(bundle, since_ns=since, until_ns=t)
+        hint = None if hit.comm is None or hit.seq is None else (hit.comm, hit.seq)
+        finding = failure.analyze(
+            window,
+            t,
+            grp=grp,
+            where=where,
+            settings=settings.failure,
+            interval_ns=interval,
+            hint=hint,
+        )
+    else:
+        base_from = hit.since_ns - int(settings.slow_baseline_s * NS)
+        window = view.select(bundle, since_ns=base_from, until_ns=t)
+        finding = straggler.analyze(
+            window,
+            since_ns=hit.since_ns,
+            t_ns=t,
+            base_from_ns=base_from,
+            where=where,
+            interval_ns=interval,
+            settings=settings.straggler,
+        )
+    evidence = [f"trigger ({hit.kind}): {hit.reason}"]
+    if finding is None:
+        return diagnosis.Diagnosis(
+            anomaly=True,
+            trigger=hit.kind,
+            detected_at=hit.at_ns,
+            confidence=0.1,
+            culprits=[where.culprit(r, component="software", score=0.1) for r in hit.ranks],
+            evidence=[
+                *evidence,
+                "root-cause analysis found no rank to blame in the window; "
+                "the culprits are the sampled ranks where the trigger held",
+            ],
+        )
+    confidence = max(0.0, min(1.0, finding.coverage * (0.5 + 0.5 * finding.margin)))
+    return diagnosis.Diagnosis(
+        anomaly=True,
+        trigger=hit.kind,
+        detected_at=hit.at_ns,
+        category=finding.category.value.name,
+        culprits=finding.culprits,
+        confidence=round(confidence, 3),
+        evidence=evidence + finding.evidence,
+        precision=finding.precision,
+    )

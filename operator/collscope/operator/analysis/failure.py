@@ -1,0 +1,321 @@
+"""Root cause of a hang: Mycroft Algorithm 2 (AnalyzeFailureRootCause, §5.2-5.4) + CCL-D §4.2.2.
+
+Input: the window (t - Δ, t] of every rank. Steps:
+
+1. Last state per (rank, comm) and last completed seq per (rank, comm) at t (``inflight``).
+   Trace id = (comm, seq) (CCL-D §5.1). *Stuck ops*: trace ids with members in flight whose
+   progress stopped at least ``stuck_min_s`` ago.
+2. For each stuck op, each member is *entered* (in flight on it, or completed it), *elsewhere*
+   (in flight in another stuck op: an older seq of the same comm or another communicator) or
+   *missing* (neither).
+3. Cross-group walk (Mycroft §5.2 "a single responsible group whose stuck rank propagates
+   problems to other Coll groups", §5.4): from the trigger's stuck op follow every *elsewhere*
+   member to the op it is stuck in, until an op whose members are all entered or missing: the
+   origin group. Cycle-safe (visited set); a pure cycle of waits is a deadlock of inconsistent
+   call orders.
+4. Classify the origin (CCL-D §4.2.2 decision tree, Fig. 7):
+   - members disagreeing on (op, bytes) for the same trace id: the minority is the culprit,
+     ``hang.inconsistent`` (H2);
+   - missing members (no state for the seq, last completed seq below it, not in flight in any
+     stuck op): ``hang.not_entered`` (H1); CCL-D: "no increment in its operation counter";
+   - all entered and stalled: hardware (H3). Mycroft's MinOp (a rank behind in seq) is the
+     walk of step 3; then the chunk table (``chunks``, Mycroft Table 4 and §5.3 sender/receiver
+     comparison): the endpoint of most flows blocked at the network is the NIC culprit
+     (``hang.network``); a rank that delivered all it produced while data for it arrived and
+     was not consumed (or its senders see "receiver not ready") has a stopped GPU
+     (``hang.gpu``); otherwise MinData (least chunk progress, CCL-D "fewest SendCount/
+     RecvCount"). An origin without flows (intra-node only) can only be judged from kernel
+     progress: node precision, the node's ranks as culprits, least progress first.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from collscope.nodeagent.bundle import tables
+from collscope.operator.analysis import diagnosis, groups, hardware, inflight, placement
+
+Trace = tuple[int, int]  # (comm index, seq)
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class FailureSettings:
+    stuck_min_s: float = 0.5  # stalled this long = stuck (ops take ms; 5 state intervals)
+    max_walk: int = 256  # stuck ops visited at most by the cross-group walk
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A root cause: what analysis concluded, before the engine adds trigger and confidence."""
+
+    category: diagnosis.Category
+    culprits: list[diagnosis.Culprit]
+    evidence: list[str]
+    margin: float  # 0..1, how far the best culprit stands above the next
+    coverage: float  # 0..1, share of the implicated group with usable records
+    precision: Literal["rank", "node"] = "rank"
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Op:
+    trace: Trace
+    entered: list[int] = field(default_factory=list)
+    completed: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    elsewhere: dict[int, Trace] = field(default_factory=dict)
+    rows: dict[int, int] = field(default_factory=dict)  # member -> in-flight row
+    stall_start: int = 0
+
+
+class _Ctx:
+    def __init__(
+        self,
+        bundle: tables.Bundle,
+        t_ns: int,
+        *,
+        grp: groups.Groups,
+        where: placement.Placement,
+        s: FailureSettings,
+        interval_ns: int,
+    ) -> None:
+        self.b, self.t, self.grp, self.where, self.s = bundle, t_ns, grp, where, s
+        self.now = inflight.at(bundle, t_ns, interval_ns=interval_ns)
+        self.done = inflight.completed(bundle, t_ns)
+        self.row = {
+            (int(r), int(c)): i
+            for i, (r, c) in enumerate(zip(self.now.rank, self.now.comm, strict=True))
+        }
+        stuck = self.now.stalled_ns >= int(s.stuck_min_s * NS)
+        self.stuck_rows = np.flatnonzero(stuck)
+        self.stuck: set[Trace] = {
+            (int(self.now.comm[i]), int(self.now.seq[i])) for i in self.stuck_rows
+        }
+        self.of_rank: dict[int, list[int]] = {}
+        for i in self.stuck_rows.tolist():
+            self.of_rank.setdefault(int(self.now.rank[i]), []).append(i)
+
+    def members(self, comm: int) -> tuple[int, ...]:
+        m = self.grp.members(comm)
+        if m:
+            return m
+        return tuple(sorted({int(r) for r in self.now.rank[self.now.comm == comm]}))
+
+    def op(self, trace: Trace) -> _Op:
+        c, s = trace
+        out = _Op(trace=trace)
+        mem = self.members(c)
+        done = self.done.lookup(
+            np.asarray(mem, dtype=np.int64), np.full(len(mem), c, dtype=np.int64)
+        )
+        starts = []
+        for m, d in zip(mem, done.tolist(), strict=True):
+            i = self.row.get((m, c))
+            if i is not None and int(self.now.seq[i]) == s:
+                out.entered.append(m)
+                out.rows[m] = i
+                starts.append(int(self.now.stall_start[i]))
+            elif d >= s:
+                out.completed.append(m)
+            elif i is not None and (c, int(self.now.seq[i])) in self.stuck:
+                out.elsewhere[m] = (c, int(self.now.seq[i]))  # behind: MinOp
+                out.rows[m] = i
+            else:
+                other = [j for j in self.of_rank.get(m, []) if int(self.now.comm[j]) != c]
+                if other:
+                    j = min(other, key=lambda k: int(self.now.stall_start[k]))
+                    out.elsewhere[m] = (int(self.now.comm[j]), int(self.now.seq[j]))
+                else:
+                    out.missing.append(m)
+        out.stall_start = min(starts) if starts else self.t
+        return out
+
+    def describe(self, trace: Trace) -> str:
+        c, s = trace
+        i = next(
+            (
+                j
+                for j in self.stuck_rows
+                if int(self.now.comm[j]) == c and int(self.now.seq[j]) == s
+            ),
+            None,
+        )
+        name = "op" if i is None else self.b.string(int(self.now.op[i]))
+        return f"{name} seq {s} on comm {self.b.comm_id(c)}"
+
+
+def analyze(
+    bundle: tables.Bundle,
+    t_ns: int,
+    *,
+    grp: groups.Groups,
+    where: placement.Placement,
+    settings: FailureSettings = FailureSettings(),
+    interval_ns: int = 100_000_000,
+    hint: Trace | None = None,
+) -> Finding | None:
+    """Root cause of a hang at ``t_ns`` from ``bundle`` (the window of all ranks), or None."""
+    ctx = _Ctx(bundle, t_ns, grp=grp, where=where, s=settings, interval_ns=interval_ns)
+    if not ctx.stuck:
+        return None
+    ops: dict[Trace, _Op] = {}
+    first = (
+        hint
+        if hint in ctx.stuck
+        else min(
+            ctx.stuck,
+            key=lambda tr: min(
+                int(ctx.now.stall_start[i])
+                for i in ctx.stuck_rows
+                if (int(ctx.now.comm[i]), int(ctx.now.seq[i])) == tr
+            ),
+        )
+    )
+    path, origin, cycle = _walk(ctx, first, ops)
+    evidence = _walk_evidence(ctx, path, ops)
+    if cycle:
+        return _deadlock(ctx, path, ops, evidence)
+    return _classify(ctx, ops[origin], evidence)
+
+
+def _walk(ctx: _Ctx, first: Trace, ops: dict[Trace, _Op]) -> tuple[list[Trace], Trace, bool]:
+    """Follow 'elsewhere' members from op to op; the last op visited is the origin group."""
+    path = [first]
+    cur = first
+    while len(path) <= ctx.s.max_walk:
+        op = ops.setdefault(cur, ctx.op(cur))
+        if not op.elsewhere:
+            return path, cur, False
+        # Follow the op that most absent members are stuck in; ties: the oldest stall.
+        votes = Counter(op.elsewhere.values())
+        nxt = max(votes, key=lambda tr: (votes[tr], -ops.setdefault(tr, ctx.op(tr)).stall_start))
+        if nxt in path:
+            return path, cur, True
+        path.append(nxt)
+        cur = nxt
+    return path, cur, False
+
+
+def _walk_evidence(ctx: _Ctx, path: list[Trace], ops: dict[Trace, _Op]) -> list[str]:
+    out = []
+    for a, b in itertools.pairwise(path):
+        waiting = len(ops[a].entered)
+        who = sorted(m for m, tr in ops[a].elsewhere.items() if tr == b)
+        names = ", ".join(ctx.where.label(m) for m in who[:3]) + (" ..." if len(who) > 3 else "")
+        out.append(
+            f"{waiting} ranks wait in {ctx.describe(a)} for {names}, itself stuck in "
+            f"{ctx.describe(b)}"
+        )
+    return out
+
+
+def _deadlock(ctx: _Ctx, path: list[Trace], ops: dict[Trace, _Op], evidence: list[str]) -> Finding:
+    links = sorted({m for tr in path for m in ops[tr].elsewhere})
+    culprits = [
+        ctx.where.culprit(m, component="software", score=0.5, comm=ctx.b.comm_id(path[0][0]))
+        for m in links[:16]
+    ]
+    evidence.append("the waits form a cycle: ranks entered communicators in different orders")
+    return Finding(
+        category=diagnosis.Category.HANG_INCONSISTENT,
+        culprits=culprits,
+        evidence=evidence,
+        margin=0.0,
+        coverage=1.0,
+    )
+
+
+def _classify(ctx: _Ctx, op: _Op, evidence: list[str]) -> Finding:
+    c, s = op.trace
+    comm_id = ctx.b.comm_id(c)
+    members = len(ctx.members(c))
+    coverage = (len(op.entered) + len(op.completed) + len(op.missing)) / max(members, 1)
+    p2p = {i for i in (ctx.b.string_index("Send"), ctx.b.string_index("Recv")) if i is not None}
+
+    def signature(o: int, nb: int) -> tuple[int, int]:
+        # A Send and its matching Recv are one operation: compare sizes only.
+        return (-1 if o in p2p else o, nb)
+
+    sig: dict[int, tuple[int, int]] = {}
+    names: dict[int, int] = {}
+    for m, i in op.rows.items():
+        if m in op.entered:
+            sig[m] = signature(int(ctx.now.op[i]), int(ctx.now.nbytes[i]))
+            names[m] = int(ctx.now.op[i])
+    for m in op.completed:
+        rec = ctx.b.ops[
+            (ctx.b.ops["rank"] == m) & (ctx.b.ops["comm"] == c) & (ctx.b.ops["seq"] == s)
+        ]
+        if len(rec):
+            sig[m] = signature(int(rec["op"][0]), int(rec["bytes"][0]))
+            names[m] = int(rec["op"][0])
+    counts = Counter(sig.values())
+    if len(counts) > 1:
+        major = counts.most_common(1)[0][0]
+        minority = sorted(m for m, v in sig.items() if v != major)
+        share = 1.0 - len(minority) / max(len(sig), 1)
+        culprits = [
+            ctx.where.culprit(m, component="software", score=share, comm=comm_id) for m in minority
+        ]
+        major_name = next(ctx.b.string(names[m]) for m, v in sig.items() if v == major)
+        for m in minority[:4]:
+            evidence.append(
+                f"{ctx.where.label(m)} entered {ctx.b.string(names[m])} of "
+                f"{sig[m][1]} bytes as seq {s} on comm {comm_id}, while "
+                f"{counts[major]} ranks entered {major_name} of {major[1]} bytes"
+            )
+        return Finding(
+            category=diagnosis.Category.HANG_INCONSISTENT,
+            culprits=culprits,
+            evidence=evidence,
+            margin=share,
+            coverage=coverage,
+        )
+    if op.missing:
+        entered = len(op.entered) + len(op.completed)
+        share = entered / max(entered + len(op.missing), 1)
+        desc = ctx.describe(op.trace)
+        last = ctx.done.lookup(
+            np.asarray(op.missing, dtype=np.int64), np.full(len(op.missing), c, dtype=np.int64)
+        ).tolist()
+        culprits = [
+            ctx.where.culprit(m, component="software", score=share, comm=comm_id)
+            for m in op.missing
+        ]
+        for m, d in list(zip(op.missing, last, strict=True))[:4]:
+            seen = (
+                f"its last completed seq there is {d}"
+                if d >= 0
+                else "it completed nothing on it in the window"
+            )
+            evidence.append(
+                f"{ctx.where.label(m)} never entered {desc} while {entered} "
+                f"ranks did; {seen} and it is in no operation: it is stuck before "
+                f"the collective (dump its Python stack)"
+            )
+        return Finding(
+            category=diagnosis.Category.HANG_NOT_ENTERED,
+            culprits=culprits,
+            evidence=evidence,
+            margin=share,
+            coverage=coverage,
+        )
+    rows = np.asarray([op.rows[m] for m in op.entered], dtype=np.intp)
+    verdict = hardware.judge(
+        ctx.b, ctx.now, rows, ctx.where, t_ns=ctx.t, members=ctx.members(c), comm_id=comm_id
+    )
+    evidence.extend(verdict.evidence)
+    return Finding(
+        category=verdict.category,
+        culprits=verdict.culprits,
+        evidence=evidence,
+        margin=verdict.margin,
+        coverage=coverage * verdict.coverage,
+        precision=verdict.precision,
+    )

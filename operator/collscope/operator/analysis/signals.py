@@ -1,0 +1,169 @@
+"""Per-rank signals of a slowdown, each from a paper rule; ``straggler`` weighs them.
+
+- ``late_starts`` (Mycroft Algorithm 2 lines 16-18 "constant late starts", §5.4 cross-group):
+  in each collective round of the window, the member that entered last by more than
+  ``max(late_min, late_factor x the op's baseline arrival spread)`` counts, unless its
+  lateness is *explained*: its own time outside operations since the previous round of that
+  communicator (``rounds.Rounds.own``) is not longer than the other members' by at least
+  ``explained_share`` of the lateness. A victim of another group arrives late with an ordinary
+  ``own`` (it waited inside that group's operation); the root cause arrives late because it
+  computed longer. Point-to-point rounds are skipped (a pipeline receiver always enters long
+  before its sender: the schedule, not a straggler).
+- ``transfer`` (CCL-D §4.2.2: Tmin approaching Tmax means communication dominates): per
+  (comm, op, bytes), the median shortest duration of a round (the last arriver waits for
+  nobody, so its duration is the transfer itself) against its baseline. Members of every
+  communicator whose transfer slowed get ``log2(ratio)``; a slow NIC is the one member shared
+  by its DP and PP communicators.
+- ``flows`` (Mycroft Table 3 flow-level "each flow should take similar execution time", Table 4
+  "not delivered", #6 "GPU_ready = RDMA_transmitted but RDMA_done smaller"): in one sampled
+  state of an operation, a send flow holding many more chunks sent-but-unacknowledged than its
+  siblings is on a slow path; both endpoints count. And proxy stalls (#7): a local
+  "not transmitted" flow (receiver had buffers) idle for ``host_stall`` or longer.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from collscope.nodeagent.bundle import tables
+from collscope.operator.analysis import chunks, rounds
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Key = tuple[int, int, int]
+
+
+def key_of(r: rounds.Rounds) -> I64:
+    """(comm, op, bytes) of every round, ``[rounds, 3]``."""
+    return np.stack([r.r_comm, r.r_op, r.r_bytes], axis=1)
+
+
+def by_key(r: rounds.Rounds, values: I64) -> dict[Key, float]:
+    """Median of a per-round value for each (comm, op, bytes)."""
+    out: dict[Key, float] = {}
+    if len(r) == 0:
+        return out
+    k = key_of(r)
+    _, first, inv = np.unique(k, axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    for g, f in enumerate(first.tolist()):
+        out[(int(k[f, 0]), int(k[f, 1]), int(k[f, 2]))] = float(np.median(values[inv == g]))
+    return out
+
+
+def _add(out: F64, ranks: I64, who: I64, weight: float | F64) -> None:
+    pos = np.searchsorted(ranks, who)
+    ok = (pos < len(ranks)) & (ranks[np.clip(pos, 0, len(ranks) - 1)] == who)
+    np.add.at(out, pos[ok], weight if np.isscalar(weight) else np.asarray(weight)[ok])
+
+
+def late_starts(
+    win: rounds.Rounds,
+    base: rounds.Rounds,
+    ranks: I64,
+    *,
+    p2p_ops: set[int],
+    late_min_ns: float,
+    late_factor: float,
+    explained_share: float,
+) -> F64:
+    """Unexplained late starts per rank (see module docstring)."""
+    spread = by_key(base, base.r_start_max - base.r_start_min)
+    out = np.zeros(len(ranks))
+    multi = np.flatnonzero((win.r_n >= 2) & ~np.isin(win.r_op, sorted(p2p_ops)))
+    for i in multi.tolist():
+        lo, n = int(win.r_lo[i]), int(win.r_n[i])
+        st = win.start[lo : lo + n]
+        own = win.own[lo : lo + n]
+        j = int(np.argmax(st))
+        others = np.delete(np.arange(n), j)
+        lateness = float(st[j] - np.median(st[others]))
+        k = (int(win.r_comm[i]), int(win.r_op[i]), int(win.r_bytes[i]))
+        if lateness <= max(late_min_ns, late_factor * spread.get(k, late_min_ns)):
+            continue
+        known = own[others] >= 0
+        if own[j] < 0 or not known.any():
+            continue
+        if float(own[j] - np.median(own[others][known])) < explained_share * lateness:
+            continue  # it spent the time waiting inside other operations: explained
+        _add(out, ranks, win.rank[lo + j : lo + j + 1], 1.0)
+    return out
+
+
+def transfer(
+    win: rounds.Rounds, base: rounds.Rounds, ranks: I64, *, slowdown: float, min_excess_ns: float
+) -> tuple[F64, list[str]]:
+    """log2 transfer slowdown summed over each rank's slowed communicators, and notes."""
+    out = np.zeros(len(ranks))
+    notes: list[str] = []
+    tb = by_key(base, base.r_tmin)
+    tw = by_key(win, win.r_tmin)
+    wk = key_of(win)
+    for k, now in sorted(tw.items()):
+        before = tb.get(k)
+        if before is None or before <= 0:
+            continue
+        ratio = now / before
+        if ratio < slowdown or now - before < min_excess_ns:
+            continue
+        rids = np.flatnonzero(np.all(wk == np.asarray(k), axis=1))
+        mem = np.unique(win.rank[np.isin(win.rid, rids)])
+        _add(out, ranks, mem, float(np.log2(ratio)))
+        notes.append(
+            f"comm #{k[0]}: transfer time (Tmin) {now / 1e6:.1f} ms vs "
+            f"{before / 1e6:.1f} ms before ({ratio:.1f}x)"
+        )
+    return out, notes
+
+
+@dataclass(frozen=True)
+class FlowSignals:
+    slow_path: F64  # per rank: send flows far more backlogged than their siblings (endpoints)
+    host: F64  # per rank: proxy-stall flow samples (local "not transmitted", long idle)
+    samples: F64  # per rank: state records with flows looked at
+
+
+def flows(
+    bundle: tables.Bundle,
+    rows: npt.NDArray[np.intp],
+    ranks: I64,
+    *,
+    interval_ns: int,
+    host_stall_ns: float,
+    min_chunks: float,
+) -> FlowSignals:
+    """Flow-level signals over the state records ``rows`` (see module docstring)."""
+    z = np.zeros(len(ranks))
+    if len(rows) == 0:
+        return FlowSignals(z, z.copy(), z.copy())
+    ft = chunks.of_states(bundle, rows)
+    v = chunks.verdicts(ft)
+    snd = np.flatnonzero(ft.send)
+    backlog = (ft.sent - ft.done)[snd].astype(np.float64)
+    slow = np.zeros(len(ranks))
+    if len(snd):
+        # Siblings: flows of the same operation sampled in the same state interval.
+        grp = np.stack([ft.comm[snd], ft.seq[snd], ft.ts[snd] // max(interval_ns, 1)], axis=1)
+        _, inv = np.unique(grp, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        order = np.lexsort((backlog, inv))
+        bounds = np.flatnonzero(np.r_[True, inv[order][1:] != inv[order][:-1], True])
+        q25 = np.empty(int(inv.max()) + 1)
+        size = np.empty(int(inv.max()) + 1)
+        for a, b in itertools.pairwise(bounds):
+            g = int(inv[order[a]])
+            q25[g] = backlog[order[a + (b - a) // 4]]
+            size[g] = b - a
+        hot = (size[inv] >= 3) & (backlog >= np.maximum(min_chunks, 2.0 * q25[inv] + 2.0))
+        _add(slow, ranks, ft.sender[snd][hot], 1.0)
+        _add(slow, ranks, ft.receiver[snd][hot], 1.0)
+    host = np.zeros(len(ranks))
+    stalled = ft.send & v.not_transmitted & v.net_blocked & (ft.idle >= host_stall_ns)
+    _add(host, ranks, ft.owner[stalled], 1.0)
+    samples = np.zeros(len(ranks))
+    _add(samples, ranks, bundle.states["rank"][rows].astype(np.int64), 1.0)
+    return FlowSignals(slow, host, samples)

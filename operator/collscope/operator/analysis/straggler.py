@@ -1,0 +1,272 @@
+"""Root cause of a slowdown: Mycroft Algorithm 2 (AnalyzeStragglerRootCause, §5.2, §5.4, Table 3)
+with CCL-D §4.2.2 (slow location, eq. 4).
+
+Input: the window (since, t] of every rank and the history before it (the baseline period).
+``signals`` turns them into per-rank evidence; this module decides:
+
+1. proxy stalls (bursty: flows idle ``host_stall_s`` with data ready and the receiver ready,
+   then catching up) => ``slow.host``, the stalling rank (Mycroft #7);
+2. *compute* evidence = unexplained late starts (Mycroft "constant late starts", at least
+   ``min_late_rounds``); *network* evidence = the rank's communicators' transfer time (CCL-D
+   Tmin) rose, refined by flows more backlogged than their siblings (Mycroft Table 3/4);
+3. both on the same culprit => ``slow.mixed``; only one => ``slow.compute`` / ``slow.network``;
+   when they name different ranks, CCL-D's P = (Tmax - Tmin)/(Tmax - Tbase) on the compute
+   candidate's widest round decides with alpha/beta (P > beta compute, P < alpha network, else
+   mixed). P alone does not decide: a 2x compute slowdown dwarfs a 6x NIC slowdown in Tmax, so
+   P says "compute" for a genuinely mixed fault;
+4. when the best evidence covers most ranks of one node alike (``node_share``), the fault is
+   the node's: the culprits are its ranks (Mycroft #5 background load, #6 background traffic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from collscope.nodeagent.bundle import tables
+from collscope.operator.analysis import diagnosis, failure, placement, rounds, signals
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Cat = diagnosis.Category
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class StragglerSettings:
+    late_min_s: float = 0.002  # Mycroft's late-start threshold is 1 s in production; ops here ms
+    late_factor: float = 3.0  # ... and at least this x the op's baseline arrival spread
+    explained_share: float = 0.5  # own extra compute must cover this share of the lateness
+    min_late_rounds: int = 2  # "constant": at least this many unexplained late starts
+    net_slowdown: float = 1.5  # transfer time (Tmin) at least this x its baseline
+    net_min_excess_s: float = 0.001  # ... and longer by at least this much
+    slow_path_chunks: float = 4.0  # a flow this backlogged beyond its siblings is on a slow path
+    slow_path_weight: float = 0.25  # weight of slow-path flows next to transfer slowdown
+    host_stall_s: float = 0.3  # all flows idle this long with data ready: a proxy stall
+    host_min_samples: int = 2  # proxy-stall flow samples needed for slow.host
+    alpha: float = 0.4  # CCL-D: P < alpha => communication
+    beta: float = 0.6  # CCL-D: P > beta => computation
+    node_share: float = 0.75  # this share of a node's ranks implicated => node fault
+    node_score: float = 0.5  # "implicated" = score at least this x the best score
+
+
+def analyze(
+    bundle: tables.Bundle,
+    *,
+    since_ns: int,
+    t_ns: int,
+    base_from_ns: int,
+    where: placement.Placement,
+    interval_ns: int = 100_000_000,
+    settings: StragglerSettings = StragglerSettings(),
+) -> failure.Finding | None:
+    """Root cause of a slowdown in (since, t] against the baseline (base_from, since]."""
+    s = settings
+    ops = bundle.ops
+    win = rounds.build(ops[(ops["end"] > since_ns) & (ops["end"] <= t_ns)])
+    base = rounds.build(ops[(ops["end"] > base_from_ns) & (ops["end"] <= since_ns)])
+    ranks = bundle.ranks.astype(np.int64)
+    if len(win) == 0 or len(ranks) == 0:
+        return None
+    p2p = {i for i in (bundle.string_index("Send"), bundle.string_index("Recv")) if i is not None}
+    late = signals.late_starts(
+        win,
+        base,
+        ranks,
+        p2p_ops=p2p,
+        late_min_ns=s.late_min_s * NS,
+        late_factor=s.late_factor,
+        explained_share=s.explained_share,
+    )
+    net, notes = signals.transfer(
+        win, base, ranks, slowdown=s.net_slowdown, min_excess_ns=s.net_min_excess_s * NS
+    )
+    st = bundle.states
+    rows = np.flatnonzero(
+        (st["ts"] > since_ns) & (st["ts"] <= t_ns) & (st["flow_hi"] > st["flow_lo"])
+    )
+    fl = signals.flows(
+        bundle,
+        rows,
+        ranks,
+        interval_ns=interval_ns,
+        host_stall_ns=s.host_stall_s * NS,
+        min_chunks=s.slow_path_chunks,
+    )
+    if fl.host.max() >= s.host_min_samples:
+        i = int(np.argmax(fl.host))
+        return _finding(
+            Cat.SLOW_HOST,
+            fl.host,
+            ranks,
+            where=where,
+            s=s,
+            why=[
+                f"{where.label(int(ranks[i]))}: {int(fl.host[i])} flow samples idle for "
+                f">= {s.host_stall_s:g} s with chunks ready and the receiver ready (local cause), "
+                f"in operations that then completed: bursty proxy (host) stalls, not a steady "
+                f"network slowdown"
+            ],
+            p=None,
+        )
+    if net.max() > 0:
+        net = net + s.slow_path_weight * _norm(fl.slow_path) * float(net.max())
+    has_comp = late.max() >= s.min_late_rounds
+    has_net = net.max() > 0
+    if not has_comp and not has_net:
+        return None
+    p = _ccl_p(win, base, int(ranks[int(np.argmax(late if has_comp else net))]))
+    if has_comp and has_net:
+        top_c, top_n = int(np.argmax(late)), int(np.argmax(net))
+        if top_c == top_n or _same_node(ranks, late, net, where, s):
+            return _finding(
+                Cat.SLOW_MIXED,
+                _norm(late) + _norm(net),
+                ranks,
+                where=where,
+                s=s,
+                why=[_late_text(where, ranks, late), _net_text(where, ranks, net, notes)],
+                p=p,
+            )
+        if p is not None and p < s.alpha:
+            has_comp = False
+        elif p is not None and p > s.beta:
+            has_net = False
+        else:
+            return _finding(
+                Cat.SLOW_MIXED,
+                _norm(late) + _norm(net),
+                ranks,
+                where=where,
+                s=s,
+                why=[_late_text(where, ranks, late), _net_text(where, ranks, net, notes)],
+                p=p,
+            )
+    if has_net and not has_comp:
+        return _finding(
+            Cat.SLOW_NETWORK,
+            net,
+            ranks,
+            where=where,
+            s=s,
+            why=[_net_text(where, ranks, net, notes)],
+            p=p,
+        )
+    return _finding(
+        Cat.SLOW_COMPUTE, late, ranks, where=where, s=s, why=[_late_text(where, ranks, late)], p=p
+    )
+
+
+def _late_text(where: placement.Placement, ranks: I64, late: F64) -> str:
+    i = int(np.argmax(late))
+    return (
+        f"{where.label(int(ranks[i]))} entered {int(late[i])} collective rounds last by "
+        f"more than the threshold, each time after computing longer than its peers (not "
+        f"after waiting in another group): compute, PCIe or power slows it"
+    )
+
+
+def _net_text(where: placement.Placement, ranks: I64, net: F64, notes: list[str]) -> str:
+    i = int(np.argmax(net))
+    return (
+        f"{where.label(int(ranks[i]))} is the member shared by the communicators whose "
+        f"transfer slowed ({'; '.join(notes[:3])}): its NIC path moves chunks slowly "
+        f"while the GPUs keep up"
+    )
+
+
+def _norm(x: F64) -> F64:
+    m = float(x.max()) if len(x) else 0.0
+    return x / m if m > 0 else x
+
+
+def _ccl_p(win: rounds.Rounds, base: rounds.Rounds, rank: int) -> float | None:
+    """CCL-D eq. 2 and 4 on the widest-spread round of ``rank`` (Tbase: mean baseline Tmax)."""
+    tbase = signals.by_key(base, base.r_tmax)
+    best: tuple[float, float] | None = None
+    mine = np.unique(win.rid[win.rank == rank])
+    for i in mine.tolist():
+        if win.r_n[i] < 2:
+            continue
+        tb = tbase.get((int(win.r_comm[i]), int(win.r_op[i]), int(win.r_bytes[i])))
+        tmax, tmin = float(win.r_tmax[i]), float(win.r_tmin[i])
+        if tb is None or tmax <= tb:
+            continue
+        spread = tmax - tmin
+        if best is None or spread > best[0]:
+            best = (spread, min(max(spread / (tmax - tb), 0.0), 1.0))
+    return None if best is None else best[1]
+
+
+def _node_fault(
+    ranks: I64, score: F64, where: placement.Placement, s: StragglerSettings
+) -> str | None:
+    """The best rank's node, when most of that node's ranks are implicated alike."""
+    top = float(score.max()) if len(score) else 0.0
+    if top <= 0:
+        return None
+    node = where.node(int(ranks[int(np.argmax(score))]))
+    if node is None:
+        return None
+    on = np.asarray([r for r in where.ranks_on(node)], dtype=np.int64)
+    on = on[np.isin(on, ranks)]
+    if len(on) < 2:
+        return None
+    hit = score[np.searchsorted(ranks, on)] >= s.node_score * top
+    return node if float(hit.mean()) >= s.node_share else None
+
+
+def _same_node(
+    ranks: I64, late: F64, net: F64, where: placement.Placement, s: StragglerSettings
+) -> bool:
+    a = _node_fault(ranks, late, where, s)
+    return a is not None and a == _node_fault(ranks, net, where, s)
+
+
+def _finding(
+    cat: Cat,
+    score: F64,
+    ranks: I64,
+    *,
+    where: placement.Placement,
+    s: StragglerSettings,
+    why: list[str],
+    p: float | None,
+) -> failure.Finding:
+    order = np.lexsort((ranks, -score))
+    best = float(score[order[0]]) or 1.0
+    node = _node_fault(ranks, score, where, s)
+    comps: dict[Cat, diagnosis.Component] = {Cat.SLOW_HOST: "host", Cat.SLOW_NETWORK: "nic"}
+    comp = comps.get(cat, "gpu")
+    if node is not None:
+        chosen = [int(ranks[i]) for i in order if where.node(int(ranks[i])) == node]
+        second = max(
+            (float(score[i]) for i in order if where.node(int(ranks[i])) != node), default=0.0
+        )
+    else:
+        chosen = [int(ranks[i]) for i in order[:4] if score[i] > 0]
+        second = float(score[order[1]]) if len(order) > 1 else 0.0
+    culprits = [
+        where.culprit(r, component=comp, score=float(score[int(np.searchsorted(ranks, r))]) / best)
+        for r in chosen
+    ]
+    ev = list(why)
+    if node is not None:
+        ev.append(
+            f"every rank of node {node} is implicated alike ({len(chosen)} ranks): a "
+            f"node-level fault"
+        )
+    if p is not None:
+        ev.append(
+            f"CCL-D P = (Tmax - Tmin)/(Tmax - Tbase) = {p:.2f} on the culprit's widest "
+            f"round (near 1: it arrives late; near 0: the transfer itself is slow)"
+        )
+    return failure.Finding(
+        category=cat,
+        culprits=culprits,
+        evidence=ev,
+        margin=max(0.0, (best - second) / best),
+        coverage=1.0,
+    )

@@ -1,0 +1,316 @@
+"""Real-time trigger on the sampled ranks: Mycroft Algorithm 1 (§4.3) with CCL-D §4.2.1.
+
+``TriggerState.update(view, t)`` is called once per tick with whatever the operator pulled for
+the sampled ranks; it only ever reads rows with ``ts <= t`` (never looks ahead) and returns a
+``TriggerResult`` the first time a condition holds.
+
+Hang (Mycroft Algorithm 1 lines 3-4, "stalls mid-operation with real-time state log but without
+producing completion log"): a sampled rank has an operation in flight (``inflight``) whose
+progress stopped longer than the stall threshold of its communicator (``baseline``), and the rank
+completed nothing since the stall began. We read "no op completed in (t - Δ, t]" with Δ = the
+stall itself: a rank that keeps completing work elsewhere is not hung, and waiting a full extra
+window after the threshold would only delay detection. AllReduce of <= 4 bytes is a barrier and
+is ignored (CCL-D §4.2.1). ``at_ns`` is stall start + threshold: when the condition first held.
+
+Slow (Algorithm 1 lines 6-8, plus CCL-D's ratio), per sampled rank over the window (t - Δ, t]:
+
+- throughput (bytes completed per second) at most ``throughput_drop`` x normal, or
+- mean interval between completions of one communicator at least ``interval_growth`` x normal,
+- or CCL-D eq. 2-3: ``R = (Tmax - Tbase) / Tbase > theta`` for a (comm, op, bytes), where Tmax is
+  the maximum duration of the window's round with the widest spread among sampled members, and
+  the excess ``Tmax - Tbase`` is at least ``slow_min_excess_s`` (sub-millisecond operations
+  jitter by multiples of themselves; CCL-D's production θ≈3 assumes larger ones).
+
+A slow condition must hold on ``repeat_ticks`` consecutive ticks (CCL-D's repetition counter), so
+one jittery round never fires. While a sampled rank is stalled (but not yet past the hang
+threshold) the slow checks are skipped, the streak paused: a stall is the hang rule's business
+(Algorithm 1 checks failure before slowness). Normals are updated only on ticks where nothing
+looked slow (Algorithm 1 line 9).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from collscope.nodeagent.bundle import tables
+from collscope.operator.analysis import baseline, inflight
+
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class TriggerSettings:
+    """Trigger thresholds. Seconds in ``_s`` fields; ratios are plain numbers."""
+
+    window_s: float = 2.0  # Δ of Algorithm 1: ~10 iterations of a typical job, one pull
+    state_interval_s: float = 0.1  # agent sampling period, used when the bundle cannot tell
+    state_max_age_intervals: float = 2.0  # a state older than this (and a live rank): not current
+    hang_floor_s: float = 1.5  # stall threshold floor: above a 1 s proxy hiccup (Mycroft #7)
+    hang_k: float = 4.0  # threshold = max(floor, k * p99 of recent durations of the comm)
+    hang_history: int = 512  # durations kept per communicator for that p99
+    barrier_max_bytes: int = 4  # AllReduce this small is a barrier (CCL-D §4.2.1)
+    throughput_drop: float = 0.5  # Mycroft: "throughput drops by half"
+    interval_growth: float = 2.0  # Mycroft: "Coll Op interval doubles"
+    min_interval_ops: int = 3  # completions of a comm in the window to measure its interval
+    normal_history_ticks: int = 30  # healthy ticks kept for the normal values
+    normal_min_ticks: int = 3  # healthy ticks needed before the Mycroft rules judge
+    slow_theta: float = 3.0  # CCL-D θ_slow ("in practice usually close to 3")
+    slow_min_excess_s: float = 0.02  # Tmax - Tbase must also exceed this (jitter of ms ops)
+    base_rounds: int = 100  # CCL-D m_max
+    base_span_s: float = 3.0  # CCL-D: rounds of the first 2 min; a run here lasts seconds
+    repeat_ticks: int = 3  # consecutive slow ticks before firing (CCL-D repetition counter)
+    stall_pause_fraction: float = 0.5  # stalled > this x hang floor: slow checks pause
+
+
+@dataclass(frozen=True)
+class TriggerResult:
+    """The first condition that held. Times in ns."""
+
+    kind: Literal["hang", "slow"]
+    at_ns: int  # when the condition first held (stall start + threshold; Nth slow tick)
+    tick_ns: int  # the tick that saw it
+    since_ns: int  # hang: stall start; slow: start of the earliest slow round of the streak
+    ranks: tuple[int, ...]  # sampled ranks where it held
+    comm: int | None  # comm index of the stalled op / slowest (comm, op, bytes)
+    seq: int | None
+    reason: str
+
+
+class TriggerState:
+    """Stateful evaluator of Algorithm 1 over successive ticks."""
+
+    def __init__(
+        self,
+        sampled: tuple[int, ...],
+        settings: TriggerSettings = TriggerSettings(),
+        *,
+        interval_ns: int | None = None,
+    ) -> None:
+        self.sampled = np.asarray(sorted(sampled), dtype=np.int32)
+        self.s = settings
+        self.interval_ns = interval_ns or int(settings.state_interval_s * NS)
+        self.base = baseline.Baselines(
+            history=settings.hang_history,
+            base_rounds=settings.base_rounds,
+            base_span_ns=int(settings.base_span_s * NS),
+            normal_history=settings.normal_history_ticks,
+        )
+        self._seen_ns: int | None = None
+        self._first_ns: dict[int, int] = {}
+        self._streak = 0
+        self._streak_since: int | None = None
+        self._streak_reason = ""
+
+    def update(self, view: tables.Bundle, t_ns: int) -> TriggerResult | None:
+        ops = view.ops[np.isin(view.ops["rank"], self.sampled) & (view.ops["ts"] <= t_ns)]
+        self._learn(ops, t_ns)
+        states = view.states["rank"]
+        st_keep = np.isin(states, self.sampled)
+        sub = view if st_keep.all() else _only_states(view, st_keep)
+        now = inflight.at(
+            sub,
+            t_ns,
+            interval_ns=self.interval_ns,
+            max_age_intervals=self.s.state_max_age_intervals,
+        )
+        hang, stalled_any = self._hang(view, now, ops, t_ns)
+        if hang is not None:
+            return hang
+        if stalled_any:
+            return None  # paused: neither counts nor resets the streak
+        return self._slow(ops, t_ns)
+
+    # -- learning ------------------------------------------------------------------------------
+    def _learn(self, ops: tables.Table, t_ns: int) -> None:
+        new = ops if self._seen_ns is None else ops[ops["ts"] > self._seen_ns]
+        self._seen_ns = t_ns
+        if len(new) == 0:
+            return
+        new = new[np.argsort(new["ts"], kind="stable")]
+        for r, ts in zip(new["rank"].tolist(), new["ts"].tolist(), strict=True):
+            self._first_ns.setdefault(r, ts)
+        self.base.learn_ops(new)
+
+    # -- hang ----------------------------------------------------------------------------------
+    def _hang(
+        self, view: tables.Bundle, now: inflight.InFlight, ops: tables.Table, t_ns: int
+    ) -> tuple[TriggerResult | None, bool]:
+        s = self.s
+        floor = int(s.hang_floor_s * NS)
+        allreduce = view.string_index("AllReduce")
+        best: tuple[int, int] | None = None  # (at_ns, row)
+        hits: list[int] = []
+        stalled_any = False
+        for i in range(len(now)):
+            if (
+                allreduce is not None
+                and now.op[i] == allreduce
+                and now.nbytes[i] <= s.barrier_max_bytes
+            ):
+                continue
+            stall = int(now.stalled_ns[i])
+            if stall > s.stall_pause_fraction * floor:
+                stalled_any = True
+            thr = self.base.stall_threshold_ns(int(now.comm[i]), floor_ns=floor, k=s.hang_k)
+            if stall <= thr:
+                continue
+            r = int(now.rank[i])
+            mine = ops[(ops["rank"] == r) & (ops["end"] > now.stall_start[i])]
+            if len(mine):
+                continue
+            hits.append(i)
+            at = int(now.stall_start[i]) + thr
+            if best is None or at < best[0]:
+                best = (at, i)
+        if best is None:
+            return None, stalled_any
+        at, i = best
+        name = view.string(int(now.op[i]))
+        reason = (
+            f"rank {int(now.rank[i])} has {name} seq {int(now.seq[i])} on comm "
+            f"{view.comm_id(int(now.comm[i]))} in flight with no progress for "
+            f"{(t_ns - int(now.stall_start[i])) / NS:.1f} s "
+            f"(threshold {(at - int(now.stall_start[i])) / NS:.1f} s)"
+        )
+        return TriggerResult(
+            kind="hang",
+            at_ns=at,
+            tick_ns=t_ns,
+            since_ns=int(now.stall_start[i]),
+            ranks=tuple(sorted({int(now.rank[j]) for j in hits})),
+            comm=int(now.comm[i]),
+            seq=int(now.seq[i]),
+            reason=reason,
+        ), True
+
+    # -- slow ----------------------------------------------------------------------------------
+    def _slow(self, ops: tables.Table, t_ns: int) -> TriggerResult | None:
+        s = self.s
+        win_ns = int(s.window_s * NS)
+        w = ops[ops["ts"] > t_ns - win_ns]
+        full = [r for r, f in self._first_ns.items() if f <= t_ns - win_ns]
+        findings: list[tuple[int, int, int, int, str]] = []  # (since, rank, comm, seq, text)
+        thr_now: dict[int, float] = {}
+        int_now: dict[tuple[int, int], float] = {}
+        for r in full:
+            mine = w[w["rank"] == r]
+            thr = float(mine["bytes"].sum()) / s.window_s
+            thr_now[r] = thr
+            normal = self.base.normal_throughput(r, s.normal_min_ticks)
+            if normal and thr <= s.throughput_drop * normal:
+                since = int(mine["start"].min()) if len(mine) else t_ns - win_ns
+                findings.append(
+                    (
+                        since,
+                        r,
+                        -1,
+                        -1,
+                        f"rank {r} throughput {thr / 1e9:.2f} GB/s, normal {normal / 1e9:.2f} GB/s",
+                    )
+                )
+            for c in np.unique(mine["comm"]).tolist():
+                ends = np.sort(mine["end"][mine["comm"] == c])
+                if len(ends) < s.min_interval_ops:
+                    continue
+                iv = float(ends[-1] - ends[0]) / (len(ends) - 1)
+                int_now[(r, c)] = iv
+                ni = self.base.normal_interval(r, c, s.normal_min_ticks)
+                if ni and iv >= s.interval_growth * ni:
+                    findings.append(
+                        (
+                            int(ends[0]),
+                            r,
+                            c,
+                            -1,
+                            f"rank {r} op interval on comm "
+                            f"#{c} {iv / 1e6:.1f} ms, normal {ni / 1e6:.1f} ms",
+                        )
+                    )
+        findings += self._ratio(w)
+        if not findings:
+            self._streak, self._streak_since = 0, None
+            self.base.learn_tick(thr_now, int_now)
+            return None
+        since = min(f[0] for f in findings)
+        self._streak += 1
+        self._streak_since = since if self._streak_since is None else min(self._streak_since, since)
+        if self._streak < s.repeat_ticks:
+            return None
+        top = next((f for f in findings if f[2] >= 0), findings[0])
+        return TriggerResult(
+            kind="slow",
+            at_ns=t_ns,
+            tick_ns=t_ns,
+            since_ns=self._streak_since,
+            ranks=tuple(sorted({f[1] for f in findings})),
+            comm=top[2] if top[2] >= 0 else None,
+            seq=top[3] if top[3] >= 0 else None,
+            reason="; ".join(f[4] for f in findings[:4]),
+        )
+
+    def _ratio(self, w: tables.Table) -> list[tuple[int, int, int, int, str]]:
+        """CCL-D eq. 2-3 per (comm, op, bytes) over the window's rounds."""
+        out: list[tuple[int, int, int, int, str]] = []
+        if len(w) == 0:
+            return out
+        dur = (w["end"] - w["start"]).astype(np.int64)
+        keys = np.stack(
+            [
+                w["comm"].astype(np.int64),
+                w["op"].astype(np.int64),
+                w["bytes"].astype(np.int64),
+                w["seq"].astype(np.int64),
+            ],
+            axis=1,
+        )
+        uk, inv = np.unique(keys, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        tmax = np.full(len(uk), -1, dtype=np.int64)
+        tmin = np.full(len(uk), np.iinfo(np.int64).max, dtype=np.int64)
+        np.maximum.at(tmax, inv, dur)
+        np.minimum.at(tmin, inv, dur)
+        first = np.full(len(uk), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, inv, w["start"].astype(np.int64))
+        excess_min = self.s.slow_min_excess_s * NS
+        ranks = w["rank"].astype(np.int64)
+        for k in {tuple(x) for x in uk[:, :3].tolist()}:
+            tb = self.base.tbase_ns((k[0], k[1], k[2]))
+            if tb is None or tb <= 0:
+                continue
+            m = np.flatnonzero((uk[:, 0] == k[0]) & (uk[:, 1] == k[1]) & (uk[:, 2] == k[2]))
+            spread = tmax[m] - tmin[m]
+            pick = m[np.lexsort((tmax[m], spread))[-1]]
+            r_ratio = (float(tmax[pick]) - tb) / tb
+            if r_ratio > self.s.slow_theta and tmax[pick] - tb > excess_min:
+                rows = np.flatnonzero(inv == pick)
+                who = int(ranks[rows[np.argmax(dur[rows])]])
+                out.append(
+                    (
+                        int(first[pick]),
+                        who,
+                        k[0],
+                        int(uk[pick, 3]),
+                        f"comm #{k[0]} seq {int(uk[pick, 3])}: R = {r_ratio:.1f} "
+                        f"(Tmax {tmax[pick] / 1e6:.1f} ms, Tbase {tb / 1e6:.1f} ms)",
+                    )
+                )
+        return out
+
+
+def _only_states(view: tables.Bundle, keep: npt.NDArray[np.bool_]) -> tables.Bundle:
+    """The view with only the kept state rows (flows untouched: rows keep their slices)."""
+    return tables.Bundle(
+        job=view.job,
+        comm_ids=view.comm_ids,
+        strings=view.strings,
+        comms=view.comms,
+        ops=view.ops,
+        states=view.states[keep],
+        flows=view.flows,
+        hw=view.hw,
+        source=view.source,
+    )
