@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from collscope.nodeagent.bundle import tables
-from collscope.operator.analysis import chunks, diagnosis, inflight, placement
+from collscope.operator.analysis import chunks, diagnosis, hwsamples, inflight, placement
 
 Cat = diagnosis.Category
 
@@ -58,9 +58,13 @@ def judge(
         return _kernel_only(bundle, now, rows, where, comm_id)
     with_flows = len(np.unique(ft.owner)) / max(len(members), 1)
     v = chunks.verdicts(ft)
-    net = chunks.endpoint_counts(ranks, v.net_blocked, ft)
+    net = chunks.endpoint_counts(ranks, v.net_blocked, ft).astype(np.float64)
     progress = _progress(ft, ranks)
     if net.max() > 0:
+        counts = net.copy()
+        down = hwsamples.nic_down(bundle, [int(r) for r in ranks[net > 0]])
+        if down:  # the port state settles what the paths alone cannot (two-rank paths)
+            net += np.array([float(int(r) in down) for r in ranks]) * float(net.max())
         order = np.lexsort((ranks, progress, -net))
         top = int(ranks[order[0]])
         second = float(net[order[1]]) if len(order) > 1 else 0.0
@@ -68,9 +72,14 @@ def judge(
         blocked = int(v.net_blocked[ft.send].sum())
         flow = _flow_of(ft, v.net_blocked, top)
         ev = [
-            f"{int(net[order[0]])} of {blocked} blocked network flows of this operation have "
+            f"{int(counts[order[0]])} of {blocked} blocked network flows of this operation have "
             f"{where.label(top)} as an endpoint"
         ]
+        if top in down:
+            ev.append(
+                f"{down[top].device} of {where.label(top)} reports its link down in the node "
+                f"agent's last hardware sample"
+            )
         ev += [_sentence(ft, flow, where, t_ns, top)] if flow is not None else []
         culprits = [
             _culprit(
@@ -96,11 +105,19 @@ def judge(
         ready = int(ft.ready[mine & ft.send].sum())
         unc = int((ft.done - ft.consumed)[mine & ~ft.send].sum())
         rnr = int((v.receiver_not_ready & (ft.receiver == top)).sum())
-        ev = [
-            f"{where.label(top)} delivered every chunk its GPU produced ({ready} ready = sent "
-            f"= done) while {unc} chunks arrived for it unconsumed and {rnr} sender flows "
-            f"find it not ready to receive: its GPU stopped"
-        ]
+        total = int(ft.total[mine & ft.send].sum())
+        if unc == 0 and rnr == 0:
+            ev = [
+                f"{where.label(top)} only sends in this operation and delivered every chunk its "
+                f"GPU produced ({ready} ready = sent = done of {total}) while its receivers "
+                f"have buffers posted and wait: its GPU stopped producing"
+            ]
+        else:
+            ev = [
+                f"{where.label(top)} delivered every chunk its GPU produced ({ready} ready = "
+                f"sent = done) while {unc} chunks arrived for it unconsumed and {rnr} sender "
+                f"flows find it not ready to receive: its GPU stopped"
+            ]
         culprits = [
             _culprit(
                 where,
@@ -158,8 +175,23 @@ def _gpu_scores(
             continue  # it has produced chunks still on their way: not a stopped GPU
         unconsumed = int((v.unconsumed & (ft.owner == r)).sum())
         rnr = int((v.receiver_not_ready & (ft.receiver == r)).sum())
-        out[i] = unconsumed + rnr
+        out[i] = unconsumed + rnr + _starved(ft, r)
     return out
+
+
+def _starved(ft: chunks.FlowTable, r: int) -> int:
+    """Send flows of a pure sender (no receive in this operation: its data needs nothing from
+    the network) that stopped short, everything produced delivered, while the receiver has
+    buffers posted and waiting: the sending GPU stopped producing (a p2p ``Send``)."""
+    mine = ft.owner == r
+    if not (mine & ft.send).any() or (mine & ~ft.send).any():
+        return 0
+    m = ft.mate
+    waiting = np.zeros(len(ft), dtype=bool)
+    has = m >= 0
+    waiting[has] = ft.posted[m[has]] > ft.done[m[has]]
+    stopped = mine & ft.send & (ft.ready < ft.total) & waiting
+    return int(stopped.sum())
 
 
 def _flow_of(ft: chunks.FlowTable, rows: npt.NDArray[np.bool_], rank: int) -> int | None:

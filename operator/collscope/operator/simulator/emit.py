@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from collscope.nodeagent.bundle import models, tables
-from collscope.operator.simulator import collectives, config, program, topology
+from collscope.operator.simulator import collectives, config, faults, program, topology
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -240,3 +240,50 @@ def _flow_columns(
         np.where(send, neg, c3).tolist(),
         idle.tolist(),
     ]
+
+
+HW_INTERVAL_NS = 1_000_000_000  # the agent's NVML / netlink sampling period
+SM_CLOCK_MHZ = 1980.0  # H100 SXM boost clock
+PCIE_GEN = 5
+SW_POWER_CAP = 0x4  # NVML clocks-event reason bit: software power cap
+
+
+def hardware(
+    b: tables.BundleBuilder,
+    cfg: config.SimConfig,
+    topo: topology.Topology,
+    fx: faults.Effects,
+    clk: Clock,
+) -> None:
+    """Hardware samples a node agent would take through NVML and netlink, one per second.
+
+    Per rank: its NIC's link state (``nic_link_up``: 0 from the moment a NIC goes down), its
+    GPU's SM clock, clocks-event reasons and PCIe generation. A power cap shows as a lower
+    clock with the software-power-cap reason; a PCIe downgrade as a lower link generation.
+    Faults with no hardware symptom (a hung GPU, background load, a slow proxy) leave these
+    samples healthy, as they would on a real node.
+    """
+    jitter = np.random.default_rng([cfg.seed, 17])
+    n = -(-clk.duration_ns // HW_INTERVAL_NS)
+    for j in range(n):
+        t_s = j * HW_INTERVAL_NS / 1e9
+        after = t_s >= fx.onset
+        clock_mhz = SM_CLOCK_MHZ - jitter.uniform(0.0, 30.0, cfg.ranks)
+        capped = after & fx.power_capped
+        clock_mhz = np.where(capped, clock_mhz / np.maximum(fx.compute_mult, 1.0), clock_mhz)
+        gen = np.where(after & fx.pcie_downgraded, 1, PCIE_GEN)
+        link = (t_s < fx.nic_stop).astype(np.float64)
+        for r in range(cfg.ranks):
+            ts = clk.start_ns + int(clk.offset_ns[r]) + j * HW_INTERVAL_NS
+            node = topology.node_name(int(topo.node_of[r]))
+            gpu = f"gpu{r % cfg.gpus_per_node}"
+            nic = topology.nic_name(r % cfg.gpus_per_node)
+            mhz = round(float(clock_mhz[r]), 1)
+            reasons = float(SW_POWER_CAP if capped[r] else 0)
+            for device, metric, value in (
+                (nic, "nic_link_up", float(link[r])),
+                (gpu, "sm_clock_mhz", mhz),
+                (gpu, "clocks_event_reasons", reasons),
+                (gpu, "pcie_link_gen", float(gen[r])),
+            ):
+                b.add_hw(rank=r, ts=ts, node=node, device=device, metric=metric, value=value)

@@ -48,6 +48,7 @@ def simulate(cfg: config.SimConfig) -> SimResult:
     )
     emit.comms(builder, topo, clk)
     _run(cfg, topo, inj, builder, clk)
+    emit.hardware(builder, cfg, topo, inj.fx, clk)
     return SimResult(bundle=builder.build(), truth=inj.truth())
 
 

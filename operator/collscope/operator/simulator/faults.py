@@ -62,6 +62,8 @@ class Effects:
     nic_div: FloatArray
     gpu_stop: FloatArray  # GPU actions ending later never finish (inf: healthy)
     nic_stop: FloatArray  # chunks through this NIC arriving later never arrive
+    power_capped: BoolArray  # hardware symptom from onset: clock capped by a power limit
+    pcie_downgraded: BoolArray  # hardware symptom from onset: PCIe link trained down
     stall_rank: int = -1
     stalls: tuple[FloatArray, FloatArray] = field(
         default_factory=lambda: (np.zeros(0), np.zeros(0))
@@ -216,6 +218,8 @@ def plan(cfg: config.SimConfig, topo: topology.Topology) -> Injector:
         nic_div=np.ones(r),
         gpu_stop=np.full(r, np.inf),
         nic_stop=np.full(r, np.inf),
+        power_capped=np.zeros(r, dtype=bool),
+        pcie_downgraded=np.zeros(r, dtype=bool),
     )
     rng = np.random.default_rng([cfg.seed, 7])
     if fault in NETWORK_FAULTS and topo.nodes < 2:
@@ -250,9 +254,11 @@ def plan(cfg: config.SimConfig, topo: topology.Topology) -> Injector:
         inj.detail = f"{where} NIC bandwidth / {sev:g} from {cfg.onset_s:g} s"
     elif fault is Fault.PCIE_DOWNGRADE:
         fx.gpu_mult[idx], fx.compute_mult[idx] = sev, 1.6
+        fx.pcie_downgraded[idx] = True
         inj.detail = f"{where} PCIe downgraded: chunk copies x {sev:g}, compute x 1.6"
     elif fault is Fault.GPU_POWER_LIMIT:
         fx.compute_mult[idx], fx.gpu_mult[idx] = sev, 2.0
+        fx.power_capped[idx] = True
         inj.detail = f"{where} GPU power-capped: compute x {sev:g}, chunk copies x 2"
     elif fault is Fault.BACKGROUND_COMPUTE:
         fx.compute_mult[idx], fx.gpu_mult[idx] = sev, 1.5

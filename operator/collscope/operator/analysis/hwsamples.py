@@ -1,0 +1,57 @@
+"""Hardware samples (bundle ``hw`` records, taken by the node agent through NVML and netlink)
+as corroborating evidence for the comm-level verdicts.
+
+Collective traces alone cannot always tell two endpoints apart: when the only blocked path runs
+between two ranks (a pipeline send, a 2-rank DP ring), both look the same from NCCL's side. The
+hardware state of each endpoint breaks the tie: a NIC whose port reports link down, a GPU
+capped by a power limit, a PCIe link trained below its generation. Mycroft §5.3 leaves this step
+to "further hardware inspection"; the agent has the counters, so analysis reads them.
+
+Only samples at or before the analysis time are read (the window is cut that way already).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from collscope.nodeagent.bundle import tables
+
+SW_POWER_CAP = 0x4  # NVML clocks-event reason: software power cap
+HW_SLOWDOWN = 0x8 | 0x40 | 0x80  # hardware slowdown, thermal, power brake
+
+
+@dataclass(frozen=True)
+class Sample:
+    ts: int
+    device: str
+    value: float
+
+
+def latest(bundle: tables.Bundle, metric: str, ranks: list[int]) -> dict[int, Sample]:
+    """The last sample of ``metric`` for each of ``ranks`` that has one."""
+    idx = bundle.string_index(metric)
+    if idx is None or len(bundle.hw) == 0:
+        return {}
+    hw = bundle.hw[(bundle.hw["metric"] == idx) & np.isin(bundle.hw["rank"], ranks)]
+    out: dict[int, Sample] = {}
+    for row in hw[np.argsort(hw["ts"], kind="stable")]:
+        out[int(row["rank"])] = Sample(
+            int(row["ts"]), bundle.string(int(row["device"])), float(row["value"])
+        )
+    return out
+
+
+def nic_down(bundle: tables.Bundle, ranks: list[int]) -> dict[int, Sample]:
+    """Ranks whose NIC's last ``nic_link_up`` sample says the port is down."""
+    return {r: s for r, s in latest(bundle, "nic_link_up", ranks).items() if s.value < 0.5}
+
+
+def gpu_throttled(bundle: tables.Bundle, ranks: list[int]) -> dict[int, Sample]:
+    """Ranks whose GPU's last clocks-event reasons include a power cap or hardware slowdown."""
+    return {
+        r: s
+        for r, s in latest(bundle, "clocks_event_reasons", ranks).items()
+        if int(s.value) & (SW_POWER_CAP | HW_SLOWDOWN)
+    }
