@@ -99,6 +99,11 @@ class Baselines:
             return floor_ns
         return max(floor_ns, int(k * float(np.percentile(np.fromiter(d, dtype=np.int64), 99))))
 
+    def median_duration_ns(self, comm: int) -> int | None:
+        """Median recent duration of the communicator's operations (rare stalls do not move it)."""
+        d = self._durations.get(comm)
+        return int(np.median(np.fromiter(d, dtype=np.int64))) if d else None
+
     def tbase_ns(self, key: Key) -> float | None:
         kb = self._keys.get(key)
         return None if kb is None else kb.tbase_ns

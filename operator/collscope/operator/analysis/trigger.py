@@ -64,6 +64,10 @@ class TriggerSettings:
     base_span_s: float = 3.0  # CCL-D: rounds of the first 2 min; a run here lasts seconds
     repeat_ticks: int = 3  # consecutive slow ticks before firing (CCL-D repetition counter)
     stall_pause_fraction: float = 0.5  # stalled > this x hang floor: slow checks pause
+    episode_floor_s: float = 0.5  # a stall this long that then resolves is an episode ...
+    episode_k: float = 4.0  # ... and longer than k x the median of the comm's op durations
+    episode_repeat: int = 2  # this many episodes within episode_window_s: slow (bursty)
+    episode_window_s: float = 8.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,8 @@ class TriggerState:
         self._streak = 0
         self._streak_since: int | None = None
         self._streak_reason = ""
+        self._prev_ns: int | None = None
+        self._episodes: dict[tuple[int, int, int], tuple[int, int]] = {}  # key -> (start, idle)
 
     def update(self, view: tables.Bundle, t_ns: int) -> TriggerResult | None:
         ops = view.ops[np.isin(view.ops["rank"], self.sampled) & (view.ops["ts"] <= t_ns)]
@@ -117,12 +123,13 @@ class TriggerState:
             interval_ns=self.interval_ns,
             max_age_intervals=self.s.state_max_age_intervals,
         )
+        self._note_episodes(sub, t_ns)
         hang, stalled_any = self._hang(view, now, ops, t_ns)
         if hang is not None:
             return hang
         if stalled_any:
             return None  # paused: neither counts nor resets the streak
-        return self._slow(ops, t_ns)
+        return self._slow(ops, t_ns) or self._bursty(t_ns)
 
     # -- learning ------------------------------------------------------------------------------
     def _learn(self, ops: tables.Table, t_ns: int) -> None:
@@ -186,6 +193,73 @@ class TriggerState:
             seq=int(now.seq[i]),
             reason=reason,
         ), True
+
+    # -- bursty stalls ---------------------------------------------------------------------------
+    def _note_episodes(self, view: tables.Bundle, t_ns: int) -> None:
+        """Record stalls seen in the state records since the previous tick.
+
+        A rare long stall (Mycroft fault #7: the proxy thread sleeps 1 s) is over before the hang
+        threshold and too short to halve a window's throughput, and it pauses the slow streak
+        while it lasts; so each one is remembered as an episode (rank, comm, seq) with the time
+        since anything moved (the minimum ``idle_ns`` of its flows) at its longest.
+        """
+        lo_ns = -1 if self._prev_ns is None else self._prev_ns
+        self._prev_ns = t_ns
+        st = view.states
+        m = (st["ts"] > lo_ns) & (st["ts"] <= t_ns) & (st["flow_hi"] > st["flow_lo"])
+        if not m.any():
+            return
+        st = st[m]
+        idle = inflight.segment_min(
+            view.flows["idle_ns"].astype(np.int64),
+            st["flow_lo"].astype(np.int64),
+            st["flow_hi"].astype(np.int64),
+        )
+        floor = int(self.s.episode_floor_s * NS)
+        for i in np.flatnonzero(idle >= floor).tolist():
+            comm = int(st["comm"][i])
+            med = self.base.median_duration_ns(comm) or 0
+            if idle[i] < self.s.episode_k * med:
+                continue
+            key = (int(st["rank"][i]), comm, int(st["seq"][i]))
+            start = int(st["ts"][i]) - int(idle[i])
+            old = self._episodes.get(key)
+            if old is None or idle[i] > old[1]:
+                self._episodes[key] = (start, int(idle[i]))
+
+    def _bursty(self, t_ns: int) -> TriggerResult | None:
+        """Slow when ``episode_repeat`` separate stalls resolved within ``episode_window_s``.
+
+        Stalls seen by several sampled ranks at once (everyone waits on the stalled rank) are
+        one episode: starts within ``episode_floor_s`` of each other are merged.
+        """
+        since = t_ns - int(self.s.episode_window_s * NS)
+        recent = sorted((v[0], v[1], k) for k, v in self._episodes.items() if v[0] > since)
+        if not recent:
+            return None
+        merge = int(self.s.episode_floor_s * NS)
+        starts = [recent[0]]
+        for e in recent[1:]:
+            if e[0] - starts[-1][0] > merge:
+                starts.append(e)
+        if len(starts) < self.s.episode_repeat:
+            return None
+        longest = max(recent, key=lambda e: e[1])
+        return TriggerResult(
+            kind="slow",
+            at_ns=t_ns,
+            tick_ns=t_ns,
+            since_ns=starts[0][0],
+            ranks=tuple(sorted({e[2][0] for e in recent})),
+            comm=longest[2][1],
+            seq=longest[2][2],
+            reason=(
+                f"{len(starts)} separate stalls of >= {self.s.episode_floor_s:g} s within "
+                f"{(t_ns - starts[0][0]) / NS:.1f} s on sampled ranks, the longest "
+                f"{longest[1] / NS:.2f} s (rank {longest[2][0]}, seq {longest[2][2]} on comm "
+                f"#{longest[2][1]}), none past the hang threshold: bursty stalls"
+            ),
+        )
 
     # -- slow ----------------------------------------------------------------------------------
     def _slow(self, ops: tables.Table, t_ns: int) -> TriggerResult | None:
