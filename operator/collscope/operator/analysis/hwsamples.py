@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collscope.nodeagent.bundle import tables
+from collscope.operator.analysis import placement
 
 SW_POWER_CAP = 0x4  # NVML clocks-event reason: software power cap
 HW_SLOWDOWN = 0x8 | 0x40 | 0x80  # hardware slowdown, thermal, power brake
@@ -55,3 +56,21 @@ def gpu_throttled(bundle: tables.Bundle, ranks: list[int]) -> dict[int, Sample]:
         for r, s in latest(bundle, "clocks_event_reasons", ranks).items()
         if int(s.value) & (SW_POWER_CAP | HW_SLOWDOWN)
     }
+
+
+def nic_slow(bundle: tables.Bundle, ranks: list[int]) -> dict[int, Sample]:
+    """Those of ``ranks`` whose NIC's last ``nic_link_speed_gbps`` is below the job's most
+    common NIC speed (a link that trained down, or is limited)."""
+    speeds = latest(bundle, "nic_link_speed_gbps", [int(r) for r in bundle.ranks])
+    if len(speeds) < 2:
+        return {}
+    values, counts = np.unique([s.value for s in speeds.values()], return_counts=True)
+    usual = float(values[np.argmax(counts)])
+    return {r: s for r, s in speeds.items() if r in ranks and s.value < usual}
+
+
+def nic_slow_text(slow: dict[int, Sample], where: placement.Placement) -> list[str]:
+    return [
+        f"{s.device} of {where.label(r)} reports a link speed of {s.value:g} Gb/s"
+        for r, s in sorted(slow.items())
+    ]

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from collscope.nodeagent.bundle import tables
-from collscope.operator.analysis import diagnosis, failure, placement, rounds, signals
+from collscope.operator.analysis import diagnosis, failure, hwsamples, placement, rounds, signals
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -113,6 +113,12 @@ def analyze(
         )
     if net.max() > 0:
         net = net + s.slow_path_weight * _norm(fl.slow_path) * float(net.max())
+        # Two endpoints of one slow path score alike; a NIC whose link trained below its
+        # peers' speed breaks the tie (and only the tie: it adds a hair to the score).
+        slow_links = hwsamples.nic_slow(bundle, [int(r) for r in ranks[net > 0]])
+        if slow_links:
+            net = net + np.array([float(int(r) in slow_links) for r in ranks]) * 1e-3 * net.max()
+            notes = [*notes, *(hwsamples.nic_slow_text(slow_links, where))]
     has_comp = late.max() >= s.min_late_rounds
     has_net = net.max() > 0
     if not has_comp and not has_net:
@@ -120,7 +126,10 @@ def analyze(
     p = _ccl_p(win, base, int(ranks[int(np.argmax(late if has_comp else net))]))
     if has_comp and has_net:
         top_c, top_n = int(np.argmax(late)), int(np.argmax(net))
-        if top_c == top_n or _same_node(ranks, late, net, where, s):
+        # Ties matter: on a two-rank path both endpoints score the same network evidence, and
+        # the compute culprit being one of them is the same culprit.
+        shared = top_c == top_n or net[top_c] >= net[top_n] * (1.0 - 1e-9)
+        if shared or _same_node(ranks, late, net, where, s):
             return _finding(
                 Cat.SLOW_MIXED,
                 _norm(late) + _norm(net),
@@ -170,6 +179,7 @@ def _late_text(where: placement.Placement, ranks: I64, late: F64) -> str:
 
 def _net_text(where: placement.Placement, ranks: I64, net: F64, notes: list[str]) -> str:
     i = int(np.argmax(net))
+    notes = list(dict.fromkeys(notes))  # one line per communicator key, not per op of it
     return (
         f"{where.label(int(ranks[i]))} is the member shared by the communicators whose "
         f"transfer slowed ({'; '.join(notes[:3])}): its NIC path moves chunks slowly "

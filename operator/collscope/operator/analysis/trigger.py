@@ -59,7 +59,7 @@ class TriggerSettings:
     normal_history_ticks: int = 30  # healthy ticks kept for the normal values
     normal_min_ticks: int = 3  # healthy ticks needed before the Mycroft rules judge
     slow_theta: float = 3.0  # CCL-D θ_slow ("in practice usually close to 3")
-    slow_min_excess_s: float = 0.02  # Tmax - Tbase must also exceed this (jitter of ms ops)
+    slow_min_excess_s: float = 0.01  # Tmax - Tbase must also exceed this (jitter of ms ops)
     base_rounds: int = 100  # CCL-D m_max
     base_span_s: float = 3.0  # CCL-D: rounds of the first 2 min; a run here lasts seconds
     repeat_ticks: int = 3  # consecutive slow ticks before firing (CCL-D repetition counter)

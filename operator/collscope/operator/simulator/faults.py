@@ -64,6 +64,7 @@ class Effects:
     nic_stop: FloatArray  # chunks through this NIC arriving later never arrive
     power_capped: BoolArray  # hardware symptom from onset: clock capped by a power limit
     pcie_downgraded: BoolArray  # hardware symptom from onset: PCIe link trained down
+    link_limited: BoolArray  # hardware symptom from onset: NIC link speed reduced
     stall_rank: int = -1
     stalls: tuple[FloatArray, FloatArray] = field(
         default_factory=lambda: (np.zeros(0), np.zeros(0))
@@ -220,6 +221,7 @@ def plan(cfg: config.SimConfig, topo: topology.Topology) -> Injector:
         nic_stop=np.full(r, np.inf),
         power_capped=np.zeros(r, dtype=bool),
         pcie_downgraded=np.zeros(r, dtype=bool),
+        link_limited=np.zeros(r, dtype=bool),
     )
     rng = np.random.default_rng([cfg.seed, 7])
     if fault in NETWORK_FAULTS and topo.nodes < 2:
@@ -251,6 +253,7 @@ def plan(cfg: config.SimConfig, topo: topology.Topology) -> Injector:
     where = f"rank {target}" if fault.value.target == "rank" else topology.node_name(node)
     if fault in (Fault.NIC_SLOW, Fault.BACKGROUND_TRAFFIC):
         fx.nic_div[idx] = sev
+        fx.link_limited[idx] = fault is Fault.NIC_SLOW
         inj.detail = f"{where} NIC bandwidth / {sev:g} from {cfg.onset_s:g} s"
     elif fault is Fault.PCIE_DOWNGRADE:
         fx.gpu_mult[idx], fx.compute_mult[idx] = sev, 1.6
