@@ -30,12 +30,15 @@ class Sample:
     value: float
 
 
-def latest(bundle: tables.Bundle, metric: str, ranks: list[int]) -> dict[int, Sample]:
-    """The last sample of ``metric`` for each of ``ranks`` that has one."""
+def latest(bundle: tables.Bundle, metric: str, ranks: list[int] | None) -> dict[int, Sample]:
+    """The last sample of ``metric`` for each of ``ranks`` (None: every rank) that has one."""
     idx = bundle.string_index(metric)
     if idx is None or len(bundle.hw) == 0:
         return {}
-    hw = bundle.hw[(bundle.hw["metric"] == idx) & np.isin(bundle.hw["rank"], ranks)]
+    keep = bundle.hw["metric"] == idx
+    if ranks is not None:
+        keep &= np.isin(bundle.hw["rank"], ranks)
+    hw = bundle.hw[keep]
     out: dict[int, Sample] = {}
     for row in hw[np.argsort(hw["ts"], kind="stable")]:
         out[int(row["rank"])] = Sample(
@@ -61,7 +64,7 @@ def gpu_throttled(bundle: tables.Bundle, ranks: list[int]) -> dict[int, Sample]:
 def nic_slow(bundle: tables.Bundle, ranks: list[int]) -> dict[int, Sample]:
     """Those of ``ranks`` whose NIC's last ``nic_link_speed_gbps`` is below the job's most
     common NIC speed (a link that trained down, or is limited)."""
-    speeds = latest(bundle, "nic_link_speed_gbps", [int(r) for r in bundle.ranks])
+    speeds = latest(bundle, "nic_link_speed_gbps", None)
     if len(speeds) < 2:
         return {}
     values, counts = np.unique([s.value for s in speeds.values()], return_counts=True)

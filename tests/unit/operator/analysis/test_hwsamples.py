@@ -1,0 +1,66 @@
+"""Hardware samples read as evidence: last value per rank, link down, link slower than the job's
+usual speed, throttle reasons."""
+
+from __future__ import annotations
+
+from collscope.nodeagent.bundle import models, tables
+from collscope.operator.analysis import hwsamples, placement
+
+S = 1_000_000_000
+
+
+def _bundle(samples: list[tuple[int, int, str, float]]) -> tables.Bundle:
+    job = models.Job(
+        job="hw",
+        world_size=4,
+        ranks=[models.RankInfo(rank=r, node=f"n{r // 2}", gpu=r % 2) for r in range(4)],
+    )
+    b = tables.BundleBuilder(job)
+    for rank, ts, metric, value in samples:
+        device = "mlx5_0" if metric.startswith("nic") else "gpu0"
+        b.add_hw(rank=rank, ts=ts, node=f"n{rank // 2}", device=device, metric=metric, value=value)
+    return b.build()
+
+
+def test_latest_takes_the_last_sample_of_each_rank() -> None:
+    b = _bundle([(0, 2 * S, "nic_link_up", 0.0), (0, 1 * S, "nic_link_up", 1.0), (1, S, "x", 1)])
+    got = hwsamples.latest(b, "nic_link_up", [0, 1])
+    assert list(got) == [0] and got[0].value == 0.0 and got[0].ts == 2 * S
+    assert got[0].device == "mlx5_0"
+    assert hwsamples.latest(b, "no_such_metric", [0, 1]) == {}
+
+
+def test_nic_down_only_where_the_last_sample_says_down() -> None:
+    b = _bundle(
+        [
+            (0, S, "nic_link_up", 1.0),
+            (0, 2 * S, "nic_link_up", 0.0),
+            (1, S, "nic_link_up", 0.0),
+            (1, 2 * S, "nic_link_up", 1.0),  # flapped back up
+            (2, 2 * S, "nic_link_up", 0.0),
+        ]
+    )
+    assert set(hwsamples.nic_down(b, [0, 1])) == {0}  # rank 2 is down but was not asked about
+
+
+def test_nic_slow_is_relative_to_the_jobs_usual_speed() -> None:
+    speeds = [400.0, 400.0, 50.0, 400.0]
+    b = _bundle([(r, S, "nic_link_speed_gbps", v) for r, v in enumerate(speeds)])
+    slow = hwsamples.nic_slow(b, [1, 2])
+    assert set(slow) == {2}
+    text = hwsamples.nic_slow_text(slow, placement.Placement.of(b.job))
+    assert text == ["mlx5_0 of rank 2 (n1, GPU 0) reports a link speed of 50 Gb/s"]
+    same = _bundle([(r, S, "nic_link_speed_gbps", 400.0) for r in range(4)])
+    assert hwsamples.nic_slow(same, [0, 1, 2, 3]) == {}
+
+
+def test_gpu_throttled_reads_power_and_hardware_slowdown_bits() -> None:
+    b = _bundle(
+        [
+            (0, S, "clocks_event_reasons", float(hwsamples.SW_POWER_CAP)),
+            (1, S, "clocks_event_reasons", 0.0),
+            (2, S, "clocks_event_reasons", 1.0),  # GPU idle: not a throttle
+            (3, S, "clocks_event_reasons", 0x40),  # thermal
+        ]
+    )
+    assert set(hwsamples.gpu_throttled(b, [0, 1, 2, 3])) == {0, 3}
