@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -202,6 +203,26 @@ def _walk(ctx: _Ctx, first: Trace, ops: dict[Trace, _Op]) -> tuple[list[Trace], 
     return path, cur, False
 
 
+def _expected_signature(
+    ctx: _Ctx, comm: int, seq: int, signature: Callable[[int, int], tuple[int, int]]
+) -> tuple[int, int] | None:
+    """The (op, bytes) that seq ``seq`` of ``comm`` should be, from the communicator's completed
+    history: training issues the same sequence of collectives every iteration, so the history
+    is periodic; the shortest period k it follows gives the answer as seq - k's signature."""
+    ops = ctx.b.ops[(ctx.b.ops["comm"] == comm) & (ctx.b.ops["seq"] < seq)]
+    hist: dict[int, tuple[int, int]] = {}
+    for row in ops[np.argsort(ops["seq"], kind="stable")]:
+        hist.setdefault(int(row["seq"]), signature(int(row["op"]), int(row["bytes"])))
+    for k in range(1, 17):
+        pairs = [(q, q - k) for q in hist if q - k in hist]
+        if len(pairs) < k + 1 or any(hist[a] != hist[b] for a, b in pairs):
+            continue
+        for back in range(seq - k, seq - 17 * k, -k):
+            if back in hist:
+                return hist[back]
+    return None
+
+
 def _walk_evidence(ctx: _Ctx, path: list[Trace], ops: dict[Trace, _Op]) -> list[str]:
     out = []
     for a, b in itertools.pairwise(path):
@@ -258,6 +279,15 @@ def _classify(ctx: _Ctx, op: _Op, evidence: list[str]) -> Finding:
     counts = Counter(sig.values())
     if len(counts) > 1:
         major = counts.most_common(1)[0][0]
+        top = [v for v, n in counts.items() if n == counts[major]]
+        if len(top) > 1:  # a tie (two members): what the communicator's history expects wins
+            expected = _expected_signature(ctx, c, s, signature)
+            if expected in top:
+                major = expected
+                evidence.append(
+                    f"the members split evenly; seq {s} on comm {comm_id} repeats what this "
+                    f"communicator ran one iteration earlier, which the minority did not enter"
+                )
         minority = sorted(m for m, v in sig.items() if v != major)
         share = 1.0 - len(minority) / max(len(sig), 1)
         culprits = [

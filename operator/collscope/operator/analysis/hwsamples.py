@@ -77,3 +77,25 @@ def nic_slow_text(slow: dict[int, Sample], where: placement.Placement) -> list[s
         f"{s.device} of {where.label(r)} reports a link speed of {s.value:g} Gb/s"
         for r, s in sorted(slow.items())
     ]
+
+
+def nic_busy(bundle: tables.Bundle, ranks: list[int], factor: float = 2.0) -> dict[int, Sample]:
+    """Those of ``ranks`` whose NIC transmits ``factor`` x the job's usual rate or more: on a
+    job whose collective traffic is alike across NICs, bytes it did not send (background
+    traffic, Mycroft #6). "Usual" is the lower quartile, since on a two-node job half the
+    NICs may be the busy ones."""
+    rates = latest(bundle, "nic_tx_bytes_per_second", None)
+    if len(rates) < 2:
+        return {}
+    usual = float(np.percentile([s.value for s in rates.values()], 25))
+    return {
+        r: s for r, s in rates.items() if r in ranks and usual > 0 and s.value >= factor * usual
+    }
+
+
+def nic_busy_text(busy: dict[int, Sample], where: placement.Placement) -> list[str]:
+    return [
+        f"{s.device} of {where.label(r)} transmits {s.value / 1e9:.1f} GB/s, several times the "
+        f"job's usual rate: traffic that is not this job's"
+        for r, s in sorted(busy.items())
+    ]

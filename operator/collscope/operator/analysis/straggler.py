@@ -114,11 +114,18 @@ def analyze(
     if net.max() > 0:
         net = net + s.slow_path_weight * _norm(fl.slow_path) * float(net.max())
         # Two endpoints of one slow path score alike; a NIC whose link trained below its
-        # peers' speed breaks the tie (and only the tie: it adds a hair to the score).
-        slow_links = hwsamples.nic_slow(bundle, [int(r) for r in ranks[net > 0]])
-        if slow_links:
-            net = net + np.array([float(int(r) in slow_links) for r in ranks]) * 1e-3 * net.max()
-            notes = [*notes, *(hwsamples.nic_slow_text(slow_links, where))]
+        # peers' speed, or that carries others' traffic, breaks the tie (and only the tie:
+        # it adds a hair to the score).
+        implicated = [int(r) for r in ranks[net > 0]]
+        slow_links = hwsamples.nic_slow(bundle, implicated)
+        busy = hwsamples.nic_busy(bundle, implicated)
+        hint = np.array([float(int(r) in slow_links or int(r) in busy) for r in ranks])
+        net = net + hint * 1e-3 * net.max()
+        notes = [
+            *notes,
+            *hwsamples.nic_slow_text(slow_links, where),
+            *hwsamples.nic_busy_text(busy, where)[:2],
+        ]
     has_comp = late.max() >= s.min_late_rounds
     has_net = net.max() > 0
     if not has_comp and not has_net:

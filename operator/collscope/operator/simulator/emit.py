@@ -244,6 +244,8 @@ def _flow_columns(
 
 HW_INTERVAL_NS = 1_000_000_000  # the agent's NVML / netlink sampling period
 NIC_GBPS = 400.0  # ConnectX-7
+NCCL_NIC_BYTES_PER_S = 5e9  # a rank's collective traffic through its NIC, on average
+FOREIGN_BYTES_PER_S = 30e9  # background traffic competing for a node's NICs
 SM_CLOCK_MHZ = 1980.0  # H100 SXM boost clock
 PCIE_GEN = 5
 SW_POWER_CAP = 0x4  # NVML clocks-event reason bit: software power cap
@@ -260,7 +262,8 @@ def hardware(
 
     Per rank: its NIC's link state (``nic_link_up``: 0 from the moment a NIC goes down) and
     speed (``nic_link_speed_gbps``: lower when the culprit's link is limited, not when a
-    node's NICs are merely shared with background traffic), its
+    node's NICs are merely shared with background traffic) and transmit rate
+    (``nic_tx_bytes_per_second``: background traffic adds to it), its
     GPU's SM clock, clocks-event reasons and PCIe generation. A power cap shows as a lower
     clock with the software-power-cap reason; a PCIe downgrade as a lower link generation.
     Faults with no hardware symptom (a hung GPU, background load, a slow proxy) leave these
@@ -276,6 +279,10 @@ def hardware(
         clock_mhz = np.where(capped, clock_mhz / np.maximum(fx.compute_mult, 1.0), clock_mhz)
         gen = np.where(after & fx.pcie_downgraded, 1, PCIE_GEN)
         link = (t_s < fx.nic_stop).astype(np.float64)
+        # Collective traffic is alike on the NICs of a symmetric job; background traffic adds
+        # bytes NCCL never sent (Mycroft #6 runs perftest beside the job).
+        tx = NCCL_NIC_BYTES_PER_S * jitter.uniform(0.9, 1.1, cfg.ranks)
+        tx = np.where(after & fx.foreign_traffic, tx + FOREIGN_BYTES_PER_S, tx)
         speed = np.where(after & fx.link_limited, NIC_GBPS / np.maximum(fx.nic_div, 1.0), NIC_GBPS)
         for r in range(cfg.ranks):
             ts = clk.start_ns + int(clk.offset_ns[r]) + j * HW_INTERVAL_NS
@@ -287,6 +294,7 @@ def hardware(
             for device, metric, value in (
                 (nic, "nic_link_up", float(link[r])),
                 (nic, "nic_link_speed_gbps", round(float(speed[r]), 1)),
+                (nic, "nic_tx_bytes_per_second", round(float(tx[r]))),
                 (gpu, "sm_clock_mhz", mhz),
                 (gpu, "clocks_event_reasons", reasons),
                 (gpu, "pcie_link_gen", float(gen[r])),

@@ -65,6 +65,7 @@ class Effects:
     power_capped: BoolArray  # hardware symptom from onset: clock capped by a power limit
     pcie_downgraded: BoolArray  # hardware symptom from onset: PCIe link trained down
     link_limited: BoolArray  # hardware symptom from onset: NIC link speed reduced
+    foreign_traffic: BoolArray  # hardware symptom from onset: NIC busy with others' bytes
     stall_rank: int = -1
     stalls: tuple[FloatArray, FloatArray] = field(
         default_factory=lambda: (np.zeros(0), np.zeros(0))
@@ -222,6 +223,7 @@ def plan(cfg: config.SimConfig, topo: topology.Topology) -> Injector:
         power_capped=np.zeros(r, dtype=bool),
         pcie_downgraded=np.zeros(r, dtype=bool),
         link_limited=np.zeros(r, dtype=bool),
+        foreign_traffic=np.zeros(r, dtype=bool),
     )
     rng = np.random.default_rng([cfg.seed, 7])
     if fault in NETWORK_FAULTS and topo.nodes < 2:
@@ -254,6 +256,7 @@ def plan(cfg: config.SimConfig, topo: topology.Topology) -> Injector:
     if fault in (Fault.NIC_SLOW, Fault.BACKGROUND_TRAFFIC):
         fx.nic_div[idx] = sev
         fx.link_limited[idx] = fault is Fault.NIC_SLOW
+        fx.foreign_traffic[idx] = fault is Fault.BACKGROUND_TRAFFIC
         inj.detail = f"{where} NIC bandwidth / {sev:g} from {cfg.onset_s:g} s"
     elif fault is Fault.PCIE_DOWNGRADE:
         fx.gpu_mult[idx], fx.compute_mult[idx] = sev, 1.6

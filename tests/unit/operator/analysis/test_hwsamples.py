@@ -64,3 +64,13 @@ def test_gpu_throttled_reads_power_and_hardware_slowdown_bits() -> None:
         ]
     )
     assert set(hwsamples.gpu_throttled(b, [0, 1, 2, 3])) == {0, 3}
+
+
+def test_nic_busy_flags_nics_carrying_several_times_the_usual_rate() -> None:
+    rates = [5e9, 5.5e9, 35e9, 36e9]  # a two-node job: half the NICs carry background traffic
+    b = _bundle([(r, S, "nic_tx_bytes_per_second", v) for r, v in enumerate(rates)])
+    busy = hwsamples.nic_busy(b, [0, 1, 2, 3])
+    assert set(busy) == {2, 3}
+    assert "35.0 GB/s" in hwsamples.nic_busy_text(busy, placement.Placement.of(b.job))[0]
+    calm = _bundle([(r, S, "nic_tx_bytes_per_second", 5e9 + r) for r in range(4)])
+    assert hwsamples.nic_busy(calm, [0, 1, 2, 3]) == {}

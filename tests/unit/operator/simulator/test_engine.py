@@ -81,7 +81,8 @@ def test_records_are_valid_bundle_records(sim: Sim) -> None:
             n += 1
             if isinstance(rec, models.StateRecord):
                 assert rec.kernel is not None and rec.kernel.channels == 4
-        assert n == len(b.comms) + len(b.ops) + len(b.states)
+        assert n == len(b.comms) + len(b.ops) + len(b.states) + len(b.hw)
+        assert len(b.hw) > 0
         models.Job.model_validate(b.job.model_dump(by_alias=True))
 
 

@@ -73,6 +73,16 @@ def test_degraded_links_report_less_from_onset(
     assert (_series(res.bundle, metric, 4)[1] == healthy).all()
 
 
+def test_background_traffic_shows_as_bytes_the_job_did_not_send(sim: Sim) -> None:
+    res = sim(**dict(JOB, target=1), fault=F.BACKGROUND_TRAFFIC)
+    onset = res.truth.onset
+    assert onset is not None
+    ts, busy = _series(res.bundle, "nic_tx_bytes_per_second", 8)  # a rank of node 1
+    _, calm = _series(res.bundle, "nic_tx_bytes_per_second", 0)
+    after = ts >= onset
+    assert busy[after].min() > 3 * calm.max() and busy[~after].max() < 2 * calm.min()
+
+
 @pytest.mark.parametrize("fault", [F.GPU_HANG, F.BACKGROUND_TRAFFIC, F.PROXY_DELAY])
 def test_faults_without_a_hardware_symptom_leave_samples_healthy(sim: Sim, fault: F) -> None:
     kw = dict(JOB, target=1) if fault is F.BACKGROUND_TRAFFIC else JOB
