@@ -93,12 +93,13 @@ def of_states(bundle: tables.Bundle, state_rows: npt.NDArray[np.intp]) -> FlowTa
     channel = f["channel"].astype(np.int64)
     src = np.where(send, owner, peer)
     dst = np.where(send, peer, owner)
-    mate = _pair(np.stack([comm, seq, channel, src, dst], axis=1), send)
+    ts = rep("ts")
+    mate = _pair(np.stack([comm, seq, channel, src, dst], axis=1), send, ts)
     return FlowTable(
         owner=owner,
         comm=comm,
         seq=seq,
-        ts=rep("ts"),
+        ts=ts,
         channel=channel,
         peer=peer,
         send=send,
@@ -113,20 +114,38 @@ def of_states(bundle: tables.Bundle, state_rows: npt.NDArray[np.intp]) -> FlowTa
     )
 
 
-def _pair(keys: I64, send: Bools) -> I64:
-    """Row of the other end of each flow (same comm, seq, channel, src, dst), or -1."""
+def _pair(keys: I64, send: Bools, ts: I64) -> I64:
+    """Row of the other end of each flow (same comm, seq, channel, src, dst) sampled nearest in
+    time, or -1. A window holds many samples of one operation; a send must be judged against
+    what its receiver looked like at the same moment, not at the operation's last sample."""
     mate = np.full(len(keys), -1, dtype=np.int64)
     if len(keys) == 0:
         return mate
     _, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    n = int(inv.max()) + 1
-    send_row = np.full(n, -1, dtype=np.int64)
-    recv_row = np.full(n, -1, dtype=np.int64)
+    inv = inv.reshape(-1).astype(np.int64)
+    # (group, time in ms) in one int64: groups < 2**31, times within 2**32 ms (49 days).
+    ms = (ts - ts.min()) // 1_000_000
+    comp = (inv << 32) | np.minimum(ms, (1 << 32) - 1)
     rows = np.arange(len(keys), dtype=np.int64)
-    send_row[inv[send]] = rows[send]
-    recv_row[inv[~send]] = rows[~send]
-    mate = np.where(send, recv_row[inv], send_row[inv])
+    for mine, other in ((send, ~send), (~send, send)):
+        o_rows = rows[other][np.argsort(comp[other], kind="stable")]
+        if len(o_rows) == 0:
+            continue
+        o_comp = comp[o_rows]
+        q = rows[mine]
+        pos = np.searchsorted(o_comp, comp[q])
+        best = np.full(len(q), -1, dtype=np.int64)
+        gap = np.full(len(q), np.iinfo(np.int64).max, dtype=np.int64)
+        for cand in (pos - 1, pos):
+            ok = (cand >= 0) & (cand < len(o_rows))
+            c = np.clip(cand, 0, len(o_rows) - 1)
+            r = o_rows[c]
+            ok &= inv[r] == inv[q]
+            d = np.abs(ts[r] - ts[q])
+            better = ok & (d < gap)
+            best = np.where(better, r, best)
+            gap = np.where(better, d, gap)
+        mate[q] = best
     return mate
 
 

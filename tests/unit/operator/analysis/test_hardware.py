@@ -1,0 +1,156 @@
+"""Hardware verdict on a stuck operation every member entered: network, GPU, MinData, kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collscope.nodeagent.bundle import models, tables
+from collscope.operator.analysis import diagnosis, hardware, inflight, placement
+
+S = 1_000_000_000
+MS = 1_000_000
+IV = 100 * MS
+HANG = 10 * S
+Ring = Any  # conftest.Ring: conftest modules cannot be imported under --import-mode=importlib
+Cat = diagnosis.Category
+
+
+def _judge(bundle: tables.Bundle, t_ns: int, comm: str = "0xa") -> hardware.Verdict:
+    now = inflight.at(bundle, t_ns, interval_ns=IV)
+    ci = bundle.comm_index(comm)
+    rows = np.flatnonzero(now.comm == ci)
+    members = tuple(sorted(int(r) for r in now.rank[rows]))
+    return hardware.judge(
+        bundle,
+        now,
+        rows,
+        placement.Placement.of(bundle.job),
+        t_ns=t_ns,
+        members=members,
+        comm_id=comm,
+    )
+
+
+def test_network_verdict_from_the_ring(ring: Ring) -> None:
+    v = _judge(ring.build("network"), ring.end)
+    assert v.category is Cat.HANG_NETWORK and v.precision == "rank"
+    top = v.culprits[0]
+    assert top.rank == 2 and top.component == "nic" and top.score == 1.0
+    assert top.channel == 0 and top.peer in (1, 3)
+    assert v.margin == pytest.approx(0.5)  # 2 blocked hops against 1 for its neighbours
+    assert v.coverage == 1.0
+    assert any("2 of 2 blocked network flows" in e for e in v.evidence)
+
+
+def test_gpu_verdict_from_the_ring(ring: Ring) -> None:
+    v = _judge(ring.build("gpu"), ring.end)
+    assert v.category is Cat.HANG_GPU
+    assert [c.rank for c in v.culprits] == [2] and v.culprits[0].component == "gpu"
+    assert v.margin == 1.0
+
+
+class _Pair:
+    """Hand-built stuck operation of ranks on nodes n0 (0, 1, 2) and n1 (3)."""
+
+    def __init__(self) -> None:
+        job = models.Job(
+            world_size=4,
+            ranks=[models.RankInfo(rank=r, node="n0" if r < 3 else "n1", gpu=r) for r in range(4)],
+        )
+        self.b = tables.BundleBuilder(job)
+
+    def state(
+        self,
+        rank: int,
+        flows: Sequence[tables.FlowTuple] = (),
+        *,
+        op: str = "AllReduce",
+        kernel: tuple[int, int] | None = None,
+    ) -> None:
+        for k in range(1, 21):
+            ts = HANG + k * IV
+            frozen = [(*f[:-1], ts - HANG) for f in flows]
+            self.b.add_state(
+                rank=rank,
+                ts=ts,
+                comm="0xa",
+                seq=3,
+                op=op,
+                nbytes=1 << 20,
+                start=HANG,
+                flows=frozen,
+                kernel=kernel,
+            )
+
+    def nic(self, rank: int, up: bool) -> None:
+        self.b.add_hw(
+            rank=rank,
+            ts=HANG,
+            node="n",
+            device=f"mlx5_{rank}",
+            metric="nic_link_up",
+            value=float(up),
+        )
+
+
+def _send(peer: int, ready: int, sent: int, done: int) -> tables.FlowTuple:
+    return (0, peer, tables.SEND, 16, ready, sent, -1, done, -1, 0)
+
+
+def _recv(peer: int, posted: int, done: int, consumed: int) -> tables.FlowTuple:
+    return (0, peer, tables.RECV, 16, -1, -1, posted, done, consumed, 0)
+
+
+@pytest.mark.parametrize("down", [None, 0, 3])
+def test_two_endpoint_path_is_settled_by_the_port_state(down: int | None) -> None:
+    p = _Pair()
+    p.state(0, [_send(3, 10, 10, 6)])  # 0 -> 3 sent, never acknowledged
+    p.state(3, [_recv(0, 14, 6, 6)])
+    if down is not None:
+        p.nic(down, up=False)
+        p.nic(3 - down, up=True)
+    v = _judge(p.b.build(), HANG + 2 * S)
+    assert v.category is Cat.HANG_NETWORK
+    assert {c.rank for c in v.culprits} == {0, 3}
+    if down is None:
+        assert v.margin == 0.0  # the paths alone cannot tell the two ends apart
+    else:
+        assert v.culprits[0].rank == down and v.margin > 0.0
+        assert any("link down" in e and f"mlx5_{down}" in e for e in v.evidence)
+
+
+def test_pure_sender_that_stopped_producing_is_a_gpu_hang() -> None:
+    p = _Pair()
+    p.state(0, [_send(3, 4, 4, 4)], op="Send")  # delivered all it produced, 4 of 16
+    p.state(3, [_recv(0, 8, 4, 4)], op="Recv")  # buffers posted, waiting
+    v = _judge(p.b.build(), HANG + 2 * S)
+    assert v.category is Cat.HANG_GPU and v.culprits[0].rank == 0
+    assert any("only sends" in e for e in v.evidence)
+
+
+def test_min_data_when_nothing_stands_out() -> None:
+    p = _Pair()
+    p.state(0, [_send(3, 8, 8, 8), _recv(3, 16, 8, 8)])
+    p.state(3, [_send(0, 4, 4, 4), _recv(0, 16, 4, 4)])  # least chunk progress
+    v = _judge(p.b.build(), HANG + 2 * S)
+    assert v.category is Cat.HANG_GPU
+    assert [c.rank for c in v.culprits] == [3, 0]
+    assert v.culprits[0].score > v.culprits[1].score
+    assert 0.0 < v.margin <= 0.5 and v.coverage <= 0.5  # a weak verdict
+    assert any("MinData" in e for e in v.evidence)
+
+
+def test_intra_node_operation_has_node_precision_from_kernel_progress() -> None:
+    p = _Pair()
+    p.state(0, kernel=(4, 3))
+    p.state(1, kernel=(4, 1))  # least kernel progress
+    v = _judge(p.b.build(), HANG + 2 * S)
+    assert v.category is Cat.HANG_GPU and v.precision == "node"
+    assert [c.rank for c in v.culprits] == [1, 0, 2]  # then the node's other ranks
+    assert all(c.node == "n0" for c in v.culprits)
+    assert v.culprits[0].score >= v.culprits[1].score >= v.culprits[2].score
+    assert any("node n0" in e for e in v.evidence)

@@ -1,0 +1,72 @@
+"""Placement labels and Culprit records from job.json ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from collscope.nodeagent.bundle import models
+from collscope.operator.analysis import placement
+
+
+def _where() -> placement.Placement:
+    job = models.Job(
+        world_size=5,
+        ranks=[
+            models.RankInfo(rank=0, node="gpu-node-01", pod="p0", gpu=4, nic="mlx5_4"),
+            models.RankInfo(rank=3, node="gpu-node-01", gpu=0),
+            models.RankInfo(rank=1, node="gpu-node-02"),
+            models.RankInfo(rank=2, gpu=7),
+            models.RankInfo(rank=4),
+        ],
+    )
+    return placement.Placement.of(job)
+
+
+@pytest.mark.parametrize(
+    ("rank", "label"),
+    [
+        (0, "rank 0 (gpu-node-01, GPU 4)"),
+        (1, "rank 1 (gpu-node-02)"),
+        (2, "rank 2 (GPU 7)"),
+        (4, "rank 4"),  # listed without placement
+        (9, "rank 9"),  # not listed at all
+    ],
+)
+def test_label_degrades_with_what_is_known(rank: int, label: str) -> None:
+    assert _where().label(rank) == label
+
+
+def test_gpu_zero_is_named() -> None:
+    assert _where().label(3) == "rank 3 (gpu-node-01, GPU 0)"
+
+
+def test_nodes_and_their_ranks() -> None:
+    w = _where()
+    assert w.node(3) == "gpu-node-01" and w.node(2) is None and w.node(42) is None
+    assert w.ranks_on("gpu-node-01") == (0, 3)  # sorted, whatever job.json's order
+    assert w.ranks_on("nowhere") == ()
+
+
+def test_culprit_copies_placement_and_clamps_score() -> None:
+    w = _where()
+    c = w.culprit(0, component="nic", score=1.7, comm="0xa", channel=2, peer=3)
+    assert (c.rank, c.node, c.pod, c.gpu, c.nic) == (0, "gpu-node-01", "p0", 4, "mlx5_4")
+    assert (c.component, c.comm, c.channel, c.peer) == ("nic", "0xa", 2, 3)
+    assert c.score == 1.0
+    assert w.culprit(9, component="gpu", score=-3.0).score == 0.0
+    unknown = w.culprit(9, component="gpu", score=0.12345)
+    assert unknown.node is None and unknown.gpu is None and unknown.score == 0.123
+
+
+@pytest.mark.parametrize(
+    ("ns", "text"),
+    [
+        (2_100_000_000, "2.1 s"),
+        (340_000_000, "340 ms"),
+        (2_500_000, "2.5 ms"),
+        (85_000, "85 us"),
+        (-1_500_000_000, "-1.5 s"),
+    ],
+)
+def test_seconds(ns: int, text: str) -> None:
+    assert placement.seconds(ns) == text

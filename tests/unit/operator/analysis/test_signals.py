@@ -1,0 +1,198 @@
+"""Per-rank slowdown signals: unexplained late starts, transfer slowdown, flow-level signals.
+
+Thresholds are passed explicitly so the tests follow the rules, not the tuned defaults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from collscope.nodeagent.bundle import models, tables
+from collscope.operator.analysis import rounds, signals
+
+S = 1_000_000_000
+MS = 1_000_000
+RANKS = np.arange(3, dtype=np.int64)
+BASE_ROUNDS = 10  # rounds 0..9: baseline; 10..12: window
+
+
+class _Ops:
+    def __init__(self, world: int = 3) -> None:
+        self.b = tables.BundleBuilder(models.Job(world_size=world))
+
+    def add(
+        self, rank: int, comm: str, seq: int, start: int, end: int, *, op: str = "AllReduce"
+    ) -> None:
+        self.b.add_op(
+            rank=rank, ts=end, comm=comm, seq=seq, op=op, nbytes=1 << 20, start=start, end=end
+        )
+
+    def split(self) -> tuple[rounds.Rounds, rounds.Rounds]:
+        """(window, base) rounds: base ends before BASE_ROUNDS x 100 ms, window after."""
+        ops = self.b.build().ops
+        cut = BASE_ROUNDS * 100 * MS
+        return rounds.build(ops[ops["end"] > cut]), rounds.build(ops[ops["end"] <= cut])
+
+
+def _late_job(*, explained: bool = False, op: str = "AllReduce") -> _Ops:
+    """Rank 2 enters the window's rounds 30 ms after the others (if ``explained``, because it
+    was busy 30 ms in another communicator; otherwise because it computed longer)."""
+    o = _Ops()
+    for k in range(BASE_ROUNDS + 3):
+        t = k * 100 * MS
+        late = 30 * MS if k >= BASE_ROUNDS else 0
+        end = t + late + 10 * MS
+        for r in range(3):
+            start = t + r * 100_000 + (late if r == 2 else 0)
+            if explained and r == 2 and late:
+                o.add(2, "0xb", k, t, t + late)
+            o.add(r, "0xa", k, start, end, op=op)
+    return o
+
+
+def _late(o: _Ops) -> list[float]:
+    win, base = o.split()
+    p2p = {i for i in (o.b.build().string_index(n) for n in ("Send", "Recv")) if i is not None}
+    out = signals.late_starts(
+        win,
+        base,
+        RANKS,
+        p2p_ops=p2p,
+        late_min_ns=2 * MS,
+        late_factor=3.0,
+        explained_share=0.5,
+    )
+    return list(out.tolist())
+
+
+def test_constant_late_starter_is_counted_every_round() -> None:
+    # three late rounds; the window's first has no previous round inside the window, so its
+    # own time is unknown and it cannot be judged
+    assert _late(_late_job()) == [0.0, 0.0, 2.0]
+
+
+def test_lateness_explained_by_waiting_elsewhere_is_not_counted() -> None:
+    assert _late(_late_job(explained=True)) == [0.0, 0.0, 0.0]
+
+
+def test_point_to_point_rounds_are_skipped() -> None:
+    assert _late(_late_job(op="Send")) == [0.0, 0.0, 0.0]
+
+
+def test_by_key_is_the_median_per_comm_op_bytes() -> None:
+    win, base = _late_job().split()
+    spread = signals.by_key(base, base.r_start_max - base.r_start_min)
+    assert list(spread.values()) == [pytest.approx(200_000)]
+    assert signals.by_key(rounds.build(_Ops().b.build().ops), base.r_tmax) == {}
+    assert signals.key_of(win).shape == (len(win), 3)
+
+
+def _transfer_job(slow_ms: int) -> _Ops:
+    """Communicators a = (0, 1), b = (1, 2); every op takes 10 ms, then ``slow_ms``."""
+    o = _Ops()
+    for k in range(BASE_ROUNDS + 3):
+        t = k * 100 * MS
+        d = (slow_ms if k >= BASE_ROUNDS else 10) * MS
+        for comm, members in (("0xa", (0, 1)), ("0xb", (1, 2))):
+            for r in members:
+                o.add(r, comm, k, t + 50 * MS * (comm == "0xb"), t + 50 * MS * (comm == "0xb") + d)
+    return o
+
+
+def test_transfer_slowdown_scores_the_member_shared_by_slowed_communicators() -> None:
+    win, base = _transfer_job(40).split()
+    score, notes = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS)
+    assert score.tolist() == [2.0, 4.0, 2.0]  # log2(40 / 10) per slowed communicator
+    assert len(notes) == 2 and all("4.0x" in n for n in notes)
+
+
+def test_transfer_below_the_ratio_or_excess_is_ignored() -> None:
+    win, base = _transfer_job(12).split()
+    score, notes = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS)
+    assert score.tolist() == [0.0, 0.0, 0.0] and notes == []
+    win, base = _transfer_job(40).split()
+    score, _ = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=100 * MS)
+    assert not score.any()
+
+
+def _flow_bundle() -> tables.Bundle:
+    b = tables.BundleBuilder(models.Job(world_size=4))
+    backlog = {0: 0, 1: 0, 2: 1, 3: 9}  # sent - done of each rank's send to rank + 1
+    for r, extra in backlog.items():
+        flow = (0, (r + 1) % 4, tables.SEND, 16, 12, 12, -1, 12 - extra, -1, 0)
+        b.add_state(
+            rank=r, ts=S, comm="0xa", seq=1, op="AllReduce", nbytes=8, start=S, flows=[flow]
+        )
+    # seq 2: rank 1 has chunks ready the receiver could take and sent nothing for 0.5 s
+    stuck = (0, 2, tables.SEND, 16, 6, 2, -1, 2, -1, 500 * MS)
+    posted = (0, 1, tables.RECV, 16, -1, -1, 8, 2, 2, 500 * MS)
+    b.add_state(
+        rank=1, ts=2 * S, comm="0xa", seq=2, op="AllReduce", nbytes=8, start=S, flows=[stuck]
+    )
+    b.add_state(
+        rank=2, ts=2 * S, comm="0xa", seq=2, op="AllReduce", nbytes=8, start=S, flows=[posted]
+    )
+    return b.build()
+
+
+def test_flow_signals_slow_path_and_proxy_stall() -> None:
+    bundle = _flow_bundle()
+    ranks = np.arange(4, dtype=np.int64)
+    fl = signals.flows(
+        bundle,
+        np.arange(len(bundle.states)),
+        ranks,
+        interval_ns=100 * MS,
+        host_stall_ns=0.3 * S,
+        min_chunks=4.0,
+    )
+    assert fl.slow_path.tolist() == [1.0, 0.0, 0.0, 1.0]  # hop 3 -> 0: both endpoints
+    assert fl.host.tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert fl.samples.tolist() == [1.0, 2.0, 2.0, 1.0]
+    shorter = signals.flows(
+        bundle,
+        np.arange(len(bundle.states)),
+        ranks,
+        interval_ns=100 * MS,
+        host_stall_ns=1.0 * S,
+        min_chunks=10.0,
+    )
+    assert not shorter.host.any() and not shorter.slow_path.any()
+
+
+def test_flow_signals_of_no_rows_are_zero() -> None:
+    fl = signals.flows(
+        _flow_bundle(),
+        np.zeros(0, dtype=np.intp),
+        RANKS,
+        interval_ns=100 * MS,
+        host_stall_ns=0.3 * S,
+        min_chunks=4.0,
+    )
+    assert not fl.slow_path.any() and not fl.host.any() and not fl.samples.any()
+
+
+def test_proxy_stall_still_counts_when_the_operation_is_sampled_again() -> None:
+    b = tables.BundleBuilder(models.Job(world_size=3))
+    samples = [
+        (2 * S, (0, 2, tables.SEND, 16, 6, 2, -1, 2, -1, 500 * MS), (8, 2, 2, 500 * MS)),
+        (2 * S + 100 * MS, (0, 2, tables.SEND, 16, 16, 16, -1, 16, -1, 0), (16, 16, 14, 0)),
+    ]
+    for ts, snd, (posted, done, consumed, idle) in samples:
+        rcv = (0, 1, tables.RECV, 16, -1, -1, posted, done, consumed, idle)
+        for rank, flow in ((1, snd), (2, rcv)):
+            b.add_state(
+                rank=rank, ts=ts, comm="0xa", seq=2, op="AllReduce", nbytes=8, start=S, flows=[flow]
+            )
+    bundle = b.build()
+    ranks = np.arange(3, dtype=np.int64)
+
+    def host(rows: np.ndarray) -> list[float]:
+        fl = signals.flows(
+            bundle, rows, ranks, interval_ns=100 * MS, host_stall_ns=0.3 * S, min_chunks=4.0
+        )
+        return list(fl.host.tolist())
+
+    assert host(np.flatnonzero(bundle.states["ts"] == 2 * S)) == [0.0, 1.0, 0.0]
+    assert host(np.arange(len(bundle.states))) == [0.0, 1.0, 0.0]

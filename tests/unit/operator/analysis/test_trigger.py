@@ -1,0 +1,175 @@
+"""The real-time trigger on sampled ranks: hang (stall past threshold) and slow (Algorithm 1).
+
+Thresholds the assertions depend on are set explicitly, so the tests check the rules rather
+than the tuned defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from collscope.nodeagent.bundle import models, tables
+from collscope.operator.analysis import trigger
+
+S = 1_000_000_000
+MS = 1_000_000
+Ring = Any  # conftest.Ring: conftest modules cannot be imported under --import-mode=importlib
+SETTINGS = trigger.TriggerSettings(
+    window_s=2.0,
+    hang_floor_s=1.5,
+    hang_k=4.0,
+    barrier_max_bytes=4,
+    throughput_drop=0.5,
+    interval_growth=2.0,
+    repeat_ticks=3,
+    normal_min_ticks=3,
+)
+
+
+def _replay(
+    bundle: tables.Bundle, sampled: tuple[int, ...], *, step_ns: int = S
+) -> list[tuple[int, trigger.TriggerResult | None]]:
+    span = bundle.time_span()
+    assert span is not None
+    state = trigger.TriggerState(sampled, SETTINGS, interval_ns=100 * MS)
+    out: list[tuple[int, trigger.TriggerResult | None]] = []
+    for t in [*range(span[0] + step_ns, span[1], step_ns), span[1]]:
+        hit = state.update(bundle, t)
+        out.append((t, hit))
+        if hit is not None:
+            break
+    return out
+
+
+def _first(bundle: tables.Bundle, sampled: tuple[int, ...]) -> trigger.TriggerResult | None:
+    return _replay(bundle, sampled)[-1][1]
+
+
+def test_ring_hang_fires_once_the_stall_passes_the_threshold(ring: Ring) -> None:
+    bundle = ring.build("network")
+    ticks = _replay(bundle, (0, 1, 2, 3))
+    t, hit = ticks[-1]
+    assert hit is not None and hit.kind == "hang"
+    assert all(h is None for _, h in ticks[:-1])
+    assert hit.since_ns == ring.stall_start
+    assert hit.at_ns == ring.stall_start + int(SETTINGS.hang_floor_s * S)  # 10 ms ops: the floor
+    assert hit.at_ns <= hit.tick_ns == t
+    assert hit.comm == bundle.comm_index("0xa") and hit.seq == 30
+    assert set(hit.ranks) == {0, 1, 2, 3}
+    assert "AllReduce seq 30" in hit.reason and "0xa" in hit.reason
+
+
+def test_hang_only_on_the_sampled_ranks(ring: Ring) -> None:
+    hit = _first(ring.build("not-entered"), (1, 3))
+    assert hit is not None and hit.kind == "hang" and hit.ranks == (1,)
+
+
+def test_trigger_never_looks_ahead(ring: Ring) -> None:
+    bundle = ring.build("network")
+    state = trigger.TriggerState((0, 1, 2, 3), SETTINGS, interval_ns=100 * MS)
+    early = ring.stall_start + int(SETTINGS.hang_floor_s * S) - 50 * MS
+    # the bundle already holds 3 s of stall, but not before ``early``
+    assert state.update(bundle, early) is None
+
+
+def test_healthy_ring_never_fires(ring: Ring) -> None:
+    assert all(hit is None for _, hit in _replay(ring.build("healthy"), (0, 1, 2, 3)))
+
+
+def _stuck_pair(nbytes: int, *, busy_elsewhere: bool = False) -> tables.Bundle:
+    """Ranks 0, 1 complete 30 AllReduces, then sit 3 s in seq 30 with no progress."""
+    b = tables.BundleBuilder(models.Job(world_size=2))
+    for r in range(2):
+        b.add_comm(rank=r, ts=0, comm="0xa", comm_rank=r, nranks=2)
+        for seq in range(30):
+            end = S + seq * 100 * MS + 10 * MS
+            b.add_op(
+                rank=r,
+                ts=end,
+                comm="0xa",
+                seq=seq,
+                op="AllReduce",
+                nbytes=nbytes,
+                start=end - 10 * MS,
+                end=end,
+            )
+        hang = S + 3 * S
+        for k in range(1, 31):
+            ts = hang + k * 100 * MS
+            flow = (0, 1 - r, tables.SEND, 4, 2, 2, -1, 2, -1, ts - hang)
+            b.add_state(
+                rank=r,
+                ts=ts,
+                comm="0xa",
+                seq=30,
+                op="AllReduce",
+                nbytes=nbytes,
+                start=hang,
+                flows=[flow],
+            )
+            if busy_elsewhere:  # completes an op on another communicator every 100 ms
+                b.add_op(
+                    rank=r,
+                    ts=ts,
+                    comm="0xb",
+                    seq=k,
+                    op="AllGather",
+                    nbytes=64,
+                    start=ts - MS,
+                    end=ts,
+                )
+    return b.build()
+
+
+@pytest.mark.parametrize(("nbytes", "fires"), [(4, False), (8, True)])
+def test_tiny_allreduce_is_a_barrier_not_a_hang(nbytes: int, fires: bool) -> None:
+    hit = _first(_stuck_pair(nbytes), (0, 1))
+    assert (hit is not None and hit.kind == "hang") is fires
+
+
+def test_rank_completing_work_elsewhere_is_not_hung() -> None:
+    hit = _first(_stuck_pair(8, busy_elsewhere=True), (0, 1))
+    assert hit is None or hit.kind != "hang"
+
+
+def _slowing(slow_from_s: float, end_s: float) -> tables.Bundle:
+    """Two ranks, an AllReduce every 100 ms, every 400 ms from ``slow_from_s`` on."""
+    b = tables.BundleBuilder(models.Job(world_size=2))
+    t, seq = S, 0
+    while t < end_s * S:
+        for r in range(2):
+            end = t + 10 * MS
+            b.add_op(
+                rank=r,
+                ts=end,
+                comm="0xa",
+                seq=seq,
+                op="AllReduce",
+                nbytes=1 << 20,
+                start=t,
+                end=end,
+            )
+        t += (400 if t >= slow_from_s * S else 100) * MS
+        seq += 1
+    return b.build()
+
+
+def test_slowdown_fires_after_repeated_slow_ticks() -> None:
+    ticks = _replay(_slowing(7.0, 14.0), (0, 1))
+    t, hit = ticks[-1]
+    assert hit is not None and hit.kind == "slow"
+    assert t >= 7 * S + (SETTINGS.repeat_ticks - 1) * S  # not on the first slow tick
+    assert 5 * S <= hit.since_ns <= t and hit.at_ns == t
+    assert set(hit.ranks) <= {0, 1} and hit.reason
+
+
+def test_steady_pace_never_fires_slow() -> None:
+    assert all(hit is None for _, hit in _replay(_slowing(99.0, 14.0), (0, 1)))
+
+
+def test_sampled_ranks_are_kept_sorted() -> None:
+    state = trigger.TriggerState((3, 1, 2), SETTINGS)
+    assert state.sampled.tolist() == [1, 2, 3] and state.sampled.dtype == np.int32
