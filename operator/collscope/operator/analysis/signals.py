@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,12 +71,23 @@ def late_starts(
     late_min_ns: float,
     late_factor: float,
     explained_share: float,
+    min_share: float = 0.0,
 ) -> F64:
-    """Unexplained late starts per rank (see module docstring)."""
+    """Unexplained late starts per rank (see module docstring).
+
+    "Constant" late starts (Mycroft Algorithm 2): only communicators where the rank was late in
+    at least ``min_share`` of the rounds it took part in count; a few late entries among many
+    rounds are jitter.
+    """
     spread = by_key(base, base.r_start_max - base.r_start_min)
     out = np.zeros(len(ranks))
     multi = np.flatnonzero((win.r_n >= 2) & ~np.isin(win.r_op, sorted(p2p_ops)))
+    took: Counter[tuple[int, int]] = Counter()
+    late: Counter[tuple[int, int]] = Counter()
     for i in multi.tolist():
+        lo, n = int(win.r_lo[i]), int(win.r_n[i])
+        for r in win.rank[lo : lo + n].tolist():
+            took[(r, int(win.r_comm[i]))] += 1
         lo, n = int(win.r_lo[i]), int(win.r_n[i])
         st = win.start[lo : lo + n]
         own = win.own[lo : lo + n]
@@ -90,7 +102,10 @@ def late_starts(
             continue
         if float(own[j] - np.median(own[others][known])) < explained_share * lateness:
             continue  # it spent the time waiting inside other operations: explained
-        _add(out, ranks, win.rank[lo + j : lo + j + 1], 1.0)
+        late[(int(win.rank[lo + j]), int(win.r_comm[i]))] += 1
+    for (r, c), n_late in late.items():
+        if n_late >= min_share * took[(r, c)]:
+            _add(out, ranks, np.asarray([r], dtype=np.int64), float(n_late))
     return out
 
 
@@ -164,6 +179,16 @@ def flows(
     host = np.zeros(len(ranks))
     stalled = ft.send & v.not_transmitted & v.net_blocked & (ft.idle >= host_stall_ns)
     _add(host, ranks, ft.owner[stalled], 1.0)
+    # The receiving proxy stalled: its GPU consumed every chunk that arrived (posted = done =
+    # consumed) yet no new receive buffer was posted, so the sender holds ready chunks.
+    m = ft.mate
+    has = m >= 0
+    drained = np.zeros(len(ft), dtype=bool)
+    drained[has] = (ft.posted[m[has]] == ft.consumed[m[has]]) & (
+        ft.posted[m[has]] < ft.total[m[has]]
+    )
+    rx_stalled = ft.send & v.receiver_not_ready & drained & (ft.idle >= host_stall_ns)
+    _add(host, ranks, ft.receiver[rx_stalled], 1.0)
     samples = np.zeros(len(ranks))
     _add(samples, ranks, bundle.states["rank"][rows].astype(np.int64), 1.0)
     return FlowSignals(slow, host, samples)

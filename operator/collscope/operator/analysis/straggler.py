@@ -39,7 +39,8 @@ class StragglerSettings:
     late_min_s: float = 0.002  # Mycroft's late-start threshold is 1 s in production; ops here ms
     late_factor: float = 3.0  # ... and at least this x the op's baseline arrival spread
     explained_share: float = 0.5  # own extra compute must cover this share of the lateness
-    min_late_rounds: int = 2  # "constant": at least this many unexplained late starts
+    min_late_rounds: int = 2  # "constant": at least this many unexplained late starts ...
+    min_late_share: float = 0.3  # ... in communicators where it was late this often
     net_slowdown: float = 1.5  # transfer time (Tmin) at least this x its baseline
     net_min_excess_s: float = 0.001  # ... and longer by at least this much
     slow_path_chunks: float = 4.0  # a flow this backlogged beyond its siblings is on a slow path
@@ -79,6 +80,7 @@ def analyze(
         late_min_ns=s.late_min_s * NS,
         late_factor=s.late_factor,
         explained_share=s.explained_share,
+        min_share=s.min_late_share,
     )
     net, notes = signals.transfer(
         win, base, ranks, slowdown=s.net_slowdown, min_excess_ns=s.net_min_excess_s * NS
