@@ -27,6 +27,7 @@ from collscope.operator.analysis import (
     diagnosis,
     failure,
     groups,
+    hwsamples,
     inflight,
     placement,
     straggler,
@@ -146,6 +147,7 @@ def _root_cause(
             ],
         )
     confidence = max(0.0, min(1.0, finding.coverage * (0.5 + 0.5 * finding.margin)))
+    hardware = hwsamples.notes(window, finding.culprits[0].rank, where) if finding.culprits else []
     return diagnosis.Diagnosis(
         anomaly=True,
         trigger=hit.kind,
@@ -153,6 +155,6 @@ def _root_cause(
         category=finding.category.value.name,
         culprits=finding.culprits,
         confidence=round(confidence, 3),
-        evidence=evidence + finding.evidence,
+        evidence=evidence + finding.evidence + hardware,
         precision=finding.precision,
     )

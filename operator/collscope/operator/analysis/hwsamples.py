@@ -99,3 +99,36 @@ def nic_busy_text(busy: dict[int, Sample], where: placement.Placement) -> list[s
         f"job's usual rate: traffic that is not this job's"
         for r, s in sorted(busy.items())
     ]
+
+
+def pcie_degraded(bundle: tables.Bundle, ranks: list[int]) -> dict[int, Sample]:
+    """Those of ``ranks`` whose GPU's PCIe link generation is below the job's most common one."""
+    gens = latest(bundle, "pcie_link_gen", None)
+    if len(gens) < 2:
+        return {}
+    values, counts = np.unique([s.value for s in gens.values()], return_counts=True)
+    usual = float(values[np.argmax(counts)])
+    return {r: s for r, s in gens.items() if r in ranks and s.value < usual}
+
+
+def notes(bundle: tables.Bundle, rank: int, where: placement.Placement) -> list[str]:
+    """Every hardware symptom the last samples show for ``rank``, as evidence sentences."""
+    who = where.label(rank)
+    out: list[str] = []
+    if rank in (down := nic_down(bundle, [rank])):
+        out.append(f"hardware: {down[rank].device} of {who} reports its link down")
+    out += [f"hardware: {t}" for t in nic_slow_text(nic_slow(bundle, [rank]), where)]
+    out += [f"hardware: {t}" for t in nic_busy_text(nic_busy(bundle, [rank]), where)]
+    if rank in (hot := gpu_throttled(bundle, [rank])):
+        clock = latest(bundle, "sm_clock_mhz", [rank]).get(rank)
+        mhz = f", SM clock {clock.value:.0f} MHz" if clock is not None else ""
+        out.append(
+            f"hardware: {hot[rank].device} of {who} is throttled (clocks-event reasons "
+            f"{int(hot[rank].value):#x}{mhz})"
+        )
+    if rank in (pcie := pcie_degraded(bundle, [rank])):
+        out.append(
+            f"hardware: {pcie[rank].device} of {who} runs its PCIe link at generation "
+            f"{pcie[rank].value:g}, below the other GPUs'"
+        )
+    return out

@@ -74,3 +74,23 @@ def test_nic_busy_flags_nics_carrying_several_times_the_usual_rate() -> None:
     assert "35.0 GB/s" in hwsamples.nic_busy_text(busy, placement.Placement.of(b.job))[0]
     calm = _bundle([(r, S, "nic_tx_bytes_per_second", 5e9 + r) for r in range(4)])
     assert hwsamples.nic_busy(calm, [0, 1, 2, 3]) == {}
+
+
+def test_notes_name_every_symptom_of_the_rank_and_nothing_for_a_healthy_one() -> None:
+    samples: list[tuple[int, int, str, float]] = []
+    for r in range(4):
+        samples += [
+            (r, S, "nic_link_up", 0.0 if r == 1 else 1.0),
+            (r, S, "clocks_event_reasons", float(hwsamples.SW_POWER_CAP) if r == 1 else 0.0),
+            (r, S, "sm_clock_mhz", 790.0 if r == 1 else 1970.0),
+            (r, S, "pcie_link_gen", 1.0 if r == 1 else 5.0),
+        ]
+    b = _bundle(samples)
+    where = placement.Placement.of(b.job)
+    sick = hwsamples.notes(b, 1, where)
+    assert len(sick) == 3
+    assert "link down" in sick[0]
+    assert "throttled (clocks-event reasons 0x4, SM clock 790 MHz)" in sick[1]
+    assert "PCIe link at generation 1" in sick[2]
+    assert hwsamples.notes(b, 0, where) == []
+    assert set(hwsamples.pcie_degraded(b, [0, 1, 2])) == {1}
