@@ -37,6 +37,14 @@ SLOW = [
     ("background-compute", "tree", 1),
     ("pcie-downgrade", "ring", 2),
     ("pcie-downgrade", "tree", 4),
+    ("nic-slow", "ring", 2),
+    ("nic-slow", "tree", 0),
+    ("background-traffic", "ring", 1),
+    ("background-traffic", "tree", 3),
+    ("proxy-delay", "ring", 0),
+    ("proxy-delay", "tree", 4),
+    ("mixed-slow", "ring", 0),
+    ("mixed-slow", "tree", 2),
 ]
 
 
