@@ -1,8 +1,10 @@
-"""The `collscope` command: simulate a faulty job, analyse a bundle, run the demo.
+"""The `collscope` command: simulate a faulty job, analyse a bundle, run the demo, read rings.
 
     collscope simulate --ranks 64 --fault nic-down --seed 3 --out ./bundle
+    collscope simulate --kind flows --gpus 512 --flow-fault congested-switch --out ./fabric
     collscope analyze ./bundle [--json]
     collscope demo
+    collscope ring dump /run/collscope/collscope-node7-pid4242-0.ring [MORE.ring ...]
 
 Exit codes: 0 analysed (anomaly or not) / simulated / demo diagnosed correctly; 1 the demo's
 diagnosis disagreed with the injected truth; 2 bad input or bad arguments, with one line on
@@ -19,10 +21,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from collscope.nodeagent import ring, ringrecords, ringstate
 from collscope.nodeagent.bundle import reader, writer
-from collscope.operator import errors, report
+from collscope.operator import errors, flow_commands, report
 from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis import engine as analysis
+from collscope.operator.analysis.flows import engine as flow_analysis
+from collscope.operator.analysis.flows import table as flow_table
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
 
@@ -58,13 +63,22 @@ def _parser() -> argparse.ArgumentParser:
     sim = sub.add_parser(
         "simulate",
         help="simulate a training job with an injected fault; write a bundle",
-        description="Simulate a TPxPPxDP training job chunk by chunk (ring or tree "
-        "collectives over NVLink and a network proxy) with one injected fault, "
-        "and write what a node agent would export: a trace bundle "
-        "(spec/bundle-v1.md) plus truth.json.",
+        description="--kind collective (default): simulate a TPxPPxDP training job chunk "
+        "by chunk (ring or tree collectives over NVLink and a network proxy) with one "
+        "injected fault, and write what a node agent would export: a trace bundle "
+        "(spec/bundle-v1.md) plus truth.json. --kind flows: simulate several jobs on a "
+        "shared leaf-spine fabric and write what a flow collector would export: a "
+        "flows-only bundle (job.json with the fabric's GPUs, flows.jsonl) plus truth.json.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    sim.add_argument(
+        "--kind",
+        choices=["collective", "flows"],
+        default="collective",
+        help="what to simulate: one job's collective traces, or network flows of a fabric",
+    )
     _add_sim_options(sim)
+    flow_commands.add_options(sim)
     sim.add_argument(
         "--out",
         required=True,
@@ -82,7 +96,13 @@ def _parser() -> argparse.ArgumentParser:
         "analyze",
         help="diagnose a trace bundle",
         description="Replay a trace bundle as the operator would (sampled trigger every "
-        "second, then root cause on the trigger window) and print the diagnosis.",
+        "second, then root cause on the trigger window) and print the diagnosis. A bundle "
+        "with flows.jsonl and no collective records (comm/op/state) gets the black-box "
+        "flow diagnosis instead (LLMPrism: jobs, DP/PP pairs and step timelines from flows, "
+        "k-sigma across steps, DP groups and switches). With both, the collective "
+        "diagnosis leads when it finds an anomaly and the flow culprits and evidence "
+        "(prefixed 'flows:') follow; when only the flows show one, the flow diagnosis is "
+        "the result.",
     )
     ana.add_argument("bundle", type=Path, help="bundle directory or .tar.gz")
     ana.add_argument(
@@ -117,6 +137,30 @@ def _parser() -> argparse.ArgumentParser:
         help="where to keep the bundle (default: a new temporary directory)",
     )
     demo.set_defaults(func=_cmd_demo)
+
+    rng = sub.add_parser(
+        "ring",
+        help="read the trace rings written by the NCCL profiler plugin",
+        description="Read trace ring files written by libnccl-profiler-collscope.so.",
+    )
+    ring_sub = rng.add_subparsers(dest="ring_command", required=True, metavar="SUBCOMMAND")
+    dump = ring_sub.add_parser(
+        "dump",
+        help="print rings as bundle-v1 records",
+        description="Print each ring as spec/bundle-v1.md JSON lines on stdout: its comm "
+        "records, the op records still in its event ring, and a state record per "
+        "communicator with an operation in flight now; a header summary per ring goes to "
+        "stderr. Peers are communicator ranks in a ring: give the rings of the other "
+        "processes of the job too, and they are translated to global ranks.",
+    )
+    dump.add_argument("rings", nargs="+", type=Path, metavar="FILE", help="ring file")
+    dump.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="global rank of the writer of a single FILE whose process had no RANK set",
+    )
+    dump.set_defaults(func=_cmd_ring_dump)
     return p
 
 
@@ -149,7 +193,13 @@ def _add_sim_options(p: argparse.ArgumentParser) -> None:
         help="DP gradient sync: ReduceScatter+AllGather or one AllReduce "
         "(default: rs-ag for ring, allreduce for tree)",
     )
-    p.add_argument("--duration", type=float, default=d.duration_s, help="seconds simulated")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help=f"seconds simulated (default: {d.duration_s:g}; --kind flows: "
+        f"{flow_commands.DEFAULT_DURATION_S:g})",
+    )
     p.add_argument(
         "--fault",
         choices=truth.FAULT_NAMES,
@@ -164,7 +214,11 @@ def _add_sim_options(p: argparse.ArgumentParser) -> None:
         help="rank (or node index for node faults) to inject into (default: chosen by the seed)",
     )
     p.add_argument(
-        "--onset", type=float, default=d.onset_s, help="seconds after start when the fault strikes"
+        "--onset",
+        type=float,
+        default=None,
+        help=f"seconds after start when the fault strikes (default: {d.onset_s:g}; "
+        f"--kind flows: {flow_commands.DEFAULT_ONSET_S:g})",
     )
     p.add_argument(
         "--severity",
@@ -199,10 +253,10 @@ def sim_config(args: argparse.Namespace) -> config.SimConfig:
         algo=args.algo,
         channels=args.channels,
         dp_mode=dp_mode,
-        duration_s=args.duration,
+        duration_s=config.SimConfig.duration_s if args.duration is None else args.duration,
         fault=truth.Fault.from_name(args.fault),
         target=args.target,
-        onset_s=args.onset,
+        onset_s=config.SimConfig.onset_s if args.onset is None else args.onset,
         severity=args.severity,
         seed=args.seed,
         declare_parallelism=not args.no_parallelism,
@@ -210,6 +264,10 @@ def sim_config(args: argparse.Namespace) -> config.SimConfig:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    if args.kind == "flows":
+        if args.fault != "none":
+            raise errors.SimulationError("--fault is for --kind collective; use --flow-fault")
+        return flow_commands.simulate(args)
     cfg = sim_config(args)
     t0 = time.perf_counter()
     result = simulator.simulate(cfg)
@@ -237,11 +295,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
     bundle = reader.load(args.bundle)
-    result = analysis.diagnose(bundle)
+    flows = flow_table.FlowTable.from_flows(reader.iter_net_flows(args.bundle))
+    collective = len(bundle.comms) + len(bundle.ops) + len(bundle.states) > 0
+    if len(flows) and not collective:
+        result = flow_analysis.diagnose_flows(flows, job=bundle.job)
+    else:
+        result = analysis.diagnose(bundle)
+        if len(flows):
+            flow_result = flow_analysis.diagnose_flows(flows, job=bundle.job)
+            result = flow_analysis.combine(result, flow_result)
     if args.json:
         print(result.to_json())
     else:
-        span = bundle.time_span()
+        span = bundle.time_span() or flows.time_span()
         print(
             report.summary(
                 result, source=str(args.bundle), start_ns=None if span is None else span[0]
@@ -289,6 +355,90 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"verdict:  {'CORRECT' if ok else 'MISMATCH'} (top culprit and category{latency})")
     print(f"\nre-run the analysis yourself: collscope analyze {path}")
     return EXIT_OK if ok else EXIT_MISMATCH
+
+
+def _cmd_ring_dump(args: argparse.Namespace) -> int:
+    if args.rank is not None and len(args.rings) != 1:
+        print("collscope ring: error: --rank needs exactly one FILE", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    dumps = []
+    for path in args.rings:
+        with ring.open(path) as r:
+            rank = r.identity.rank if r.identity.rank is not None else args.rank
+            if rank is None:
+                print(
+                    f"collscope ring: error: {path}: RANK was not set in the writing "
+                    "process; pass --rank",
+                    file=sys.stderr,
+                )
+                return EXIT_BAD_INPUT
+            snap = r.snapshot()
+            # a dump is often a post-mortem: an append cut short by death must not hide the rest
+            events, _, missed = r.events_since(0, skip_pending=True)
+            dumps.append((r.identity, rank, snap, events, missed))
+    peers: dict[tuple[int, int], int] = {}
+    for _, rank, snap, events, _ in dumps:
+        peers |= ringrecords.peer_ranks(rank, snap, events)
+    for identity, rank, snap, events, missed in dumps:
+        records = [
+            *ringrecords.comm_records(rank, snap, events),
+            *ringrecords.op_records(rank, identity.path, events, peers),
+            *ringrecords.state_records(rank, snap, peers),
+        ]
+        for rec in records:
+            print(rec.model_dump_json(exclude_none=True))
+        unknown = ringrecords.untranslated(snap, events, peers)
+        print(
+            _ring_summary(
+                identity, rank, snap, n_events=len(events), missed=missed, unknown=unknown
+            ),
+            file=sys.stderr,
+        )
+    return EXIT_OK
+
+
+def _ring_summary(
+    i: ring.Identity,
+    rank: int,
+    snap: ringstate.Snapshot,
+    *,
+    n_events: int,
+    missed: int,
+    unknown: set[tuple[int, int]],
+) -> str:
+    st = snap.status
+    age_s = (snap.taken_ns - st.heartbeat_ns) / 1e9
+    comms = ", ".join(
+        f"{ringrecords.comm_hex(c.comm_hash)} rank {c.rank}/{c.nranks} {c.state}"
+        + (f" '{c.name}'" if c.name else "")
+        for c in snap.comms
+    )
+    lines = [
+        f"{i.path}: pid {i.pid}, rank {rank} (local {_unset(i.local_rank)}, world "
+        f"{_unset(i.world_size)}), "
+        f"host {i.hostname or '?'}, pod {i.pod_namespace or '?'}/{i.pod_name or '?'}, "
+        f"node {i.node_name or '?'}",
+        f"  NCCL {i.nccl_version or '?'}, plugin {i.plugin_version}, profiler API "
+        f"v{st.profiler_api}, ring {st.state}, heartbeat {age_s:.1f}s ago, "
+        f"{st.comms_open} of {st.comms_total} communicators open",
+        f"  events: {st.events_written} written, {n_events} read, {missed} overwritten "
+        f"before read (ring of {i.event_slots}), {st.events_dropped} completions dropped",
+        f"  exhausted: comm slots {st.comm_slots_exhausted}, flow slots "
+        f"{st.flow_slots_exhausted}, op slots busy {st.op_slots_busy}, handles "
+        f"{st.handles_exhausted}; PXN foreign {st.pxn_foreign_events}, stale flow events "
+        f"{st.stale_flow_events}",
+        f"  live: {comms or 'no communicator'}; snapshot "
+        + ("consistent" if snap.consistent else f"INCONSISTENT ({snap.torn} torn slots)"),
+    ]
+    if unknown:
+        lines.append(
+            f"  {len(unknown)} peer(s) left as communicator ranks (their rings were not given)"
+        )
+    return "\n".join(lines)
+
+
+def _unset(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def verdict(diag: diagnosis.Diagnosis, t: truth.Truth) -> bool:

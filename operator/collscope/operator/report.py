@@ -43,9 +43,23 @@ def summary(d: diagnosis.Diagnosis, *, source: str, start_ns: int | None = None)
 
 
 def culprit_label(c: diagnosis.Culprit) -> str:
-    """'rank 12 (gpu-node-01, GPU 4, mlx5_4)' with whatever placement is known."""
+    """'rank 12 (gpu-node-01, GPU 4, mlx5_4)' with whatever placement is known; flow analysis
+    culprits read 'switch spine-03', 'job job-2', or 'rank 12 (...) in DP group job-2/dp-5'."""
+    if c.switch is not None:
+        return f"switch {c.switch}"
+    if c.rank is None and c.endpoint is None and c.job is not None:
+        return f"job {c.job}"
     where = [p for p in (c.node, None if c.gpu is None else f"GPU {c.gpu}", c.nic) if p]
-    return f"rank {c.rank}" + (f" ({', '.join(where)})" if where else "")
+    head = f"rank {c.rank}" if c.rank is not None else f"endpoint {c.endpoint or '?'}"
+    label = head + (f" ({', '.join(where)})" if where else "")
+    return label + (f" in DP group {c.group}" if c.group is not None else "")
+
+
+def _culprit_column(c: diagnosis.Culprit) -> str:
+    """The RANK column: a rank, else what the culprit is (a switch, a job)."""
+    if c.rank is not None:
+        return str(c.rank)
+    return c.switch or c.job or c.endpoint or "-"
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
@@ -66,7 +80,7 @@ def diagnoses_wide(d: diagnosis.Diagnosis, *, name: str, job: str, age_s: float)
         d.trigger or "-",
         d.category or "-",
         (top.node or "-") if top else "-",
-        str(top.rank) if top else "-",
+        _culprit_column(top) if top else "-",
         top.component if top else "-",
         f"{d.confidence:.2f}",
         "Diagnosed" if d.anomaly else "Healthy",

@@ -106,3 +106,23 @@ def test_demo_diagnoses_fixed_fault(tmp_path: Path) -> None:
     assert "verdict:" in res.stdout
     assert res.returncode == 0, res.stdout + res.stderr
     assert "CATEGORY" in res.stdout and "slow.compute" in res.stdout
+
+
+def test_ring_dump_of_a_file_that_is_not_a_ring_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "x.ring"
+    bad.write_bytes(b"not a ring".ljust(8192, b"\0"))
+    res = _run("ring", "dump", str(bad))
+    assert res.returncode == cli.EXIT_BAD_INPUT
+    assert res.stdout == ""
+    assert res.stderr.splitlines() == [
+        f"collscope ring: error: {bad}: header @0x0 field 'magic': expected "
+        "0x474e495250435343, got 0x6972206120746f6e: not a collscope ring"
+    ]
+
+
+def test_ring_dump_of_a_missing_file_names_it(tmp_path: Path) -> None:
+    res = _run("ring", "dump", str(tmp_path / "nope.ring"))
+    assert res.returncode == cli.EXIT_BAD_INPUT
+    assert "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "nope.ring" in res.stderr

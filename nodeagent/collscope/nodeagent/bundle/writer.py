@@ -5,6 +5,7 @@ Layout written::
     OUT/                          or  OUT.tar.gz holding OUT/ (the archive name minus suffix)
       job.json                    Job.model_dump_json(by_alias=True, exclude_none=True)
       records.jsonl.gz            (records.jsonl with compress=False)
+      flows.jsonl.gz              net_flows, when given (flows.jsonl with compress=False)
       truth.json ...              extra_files, verbatim
 
 ``records.jsonl`` holds comms, then ops, states and hw, each table in its (rank, time) order, one
@@ -32,8 +33,8 @@ import pathlib
 import secrets
 import shutil
 import tarfile
-from collections.abc import Iterator, Mapping
-from typing import IO, Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pydantic
@@ -44,6 +45,7 @@ from collscope.nodeagent.bundle import models, tables
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 JOB = "job.json"
 RECORDS = "records.jsonl"
+NET_FLOWS = "flows.jsonl"
 # zlib level on records.jsonl, measured on state records with 8 flows: level 6 (gzip's default)
 # shrinks 12.4x at ~120 MB/s, under half the time spent formatting; level 1 shrinks 9.4x at
 # ~300 MB/s (bundles 32% bigger, for bug reports too); level 9 13.1x at ~60 MB/s.
@@ -62,6 +64,7 @@ def write(
     *,
     compress: bool = True,
     extra_files: Mapping[str, str] | None = None,
+    net_flows: Iterable[models.NetFlow] | None = None,
 ) -> pathlib.Path:
     """Write ``bundle`` to ``out`` and return the path written (``out`` itself).
 
@@ -70,10 +73,11 @@ def write(
     (regular files, ``job.json`` among them), which is then replaced; otherwise
     ``FileExistsError``, so a mistyped ``out`` never deletes anything else. ``compress`` gzips
     ``records.jsonl`` (also inside an archive). ``extra_files`` maps plain file names to text
-    written verbatim beside ``job.json`` (``{"truth.json": ...}``).
+    written verbatim beside ``job.json`` (``{"truth.json": ...}``). ``net_flows`` (streamed,
+    never held whole) become ``flows.jsonl``, gzipped like the records.
     """
     target = pathlib.Path(out)
-    extras = _checked_extras(extra_files or {})
+    extras = _checked_extras(extra_files or {}, flows=net_flows is not None)
     job_text = _job_json(bundle.job)
     archive = target.name.endswith(ARCHIVE_SUFFIXES)
     if not archive and (target.is_symlink() or target.exists()) and not _replaceable(target):
@@ -84,7 +88,9 @@ def write(
     os.mkdir(staging)
     packed = staging.with_name(staging.name + ".tar.gz")
     try:
-        names = _write_dir(staging, bundle, job_text, compress=compress, extras=extras)
+        names = _write_dir(
+            staging, bundle, job_text, compress=compress, extras=extras, net_flows=net_flows
+        )
         if archive:
             _write_tar(
                 staging,
@@ -115,27 +121,56 @@ def _write_dir(
     *,
     compress: bool,
     extras: Mapping[str, str],
+    net_flows: Iterable[models.NetFlow] | None = None,
 ) -> list[str]:
     """Write the bundle's files into ``root``; returns their names, job.json first."""
     (root / JOB).write_bytes(job_text.encode("utf-8") + b"\n")
-    records = RECORDS + ".gz" if compress else RECORDS
-    with open(root / records, "wb") as raw:
+    names = [JOB, _write_lines(root, RECORDS, record_blocks(bundle), compress=compress)]
+    if net_flows is not None:
+        names.append(_write_lines(root, NET_FLOWS, net_flow_blocks(net_flows), compress=compress))
+    for name, text in extras.items():
+        (root / name).write_bytes(text.encode("utf-8"))  # verbatim: no newline translation
+    return [*names, *extras]
+
+
+def _write_lines(root: pathlib.Path, stem: str, blocks: Iterable[str], *, compress: bool) -> str:
+    """Write text ``blocks`` to ``stem`` (``stem.gz`` when compressing); returns the name."""
+    name = stem + ".gz" if compress else stem
+    with open(root / name, "wb") as raw:
         if compress:
             # mtime=0: the same bundle gives the same bytes (diffable, cacheable).
             with gzip.GzipFile(
-                filename=RECORDS, mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0
+                filename=stem, mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL, mtime=0
             ) as packed:
-                _write_records(packed, bundle)
+                for block in blocks:
+                    packed.write(block.encode("utf-8"))
         else:
-            _write_records(raw, bundle)
-    for name, text in extras.items():
-        (root / name).write_bytes(text.encode("utf-8"))  # verbatim: no newline translation
-    return [JOB, records, *extras]
+            for block in blocks:
+                raw.write(block.encode("utf-8"))
+    return name
 
 
-def _write_records(sink: IO[bytes] | gzip.GzipFile, bundle: tables.Bundle) -> None:
-    for block in record_blocks(bundle):
-        sink.write(block.encode("utf-8"))
+def net_flow_blocks(flows: Iterable[models.NetFlow]) -> Iterator[str]:
+    """``flows.jsonl`` as text blocks of up to ``_BLOCK_ROWS`` lines, each line ending ``\\n``."""
+    quoted: dict[str, str] = {}  # endpoint and switch names repeat: quote each once
+
+    def q(text: str) -> str:
+        out = quoted.get(text)
+        if out is None:
+            out = quoted[text] = json.dumps(text)
+        return out
+
+    lines: list[str] = []
+    for f in flows:
+        lines.append(
+            f'{{"ts":{f.ts},"src":{q(f.src)},"dst":{q(f.dst)},"bytes":{f.bytes},'
+            f'"duration":{f.duration},"switches":[{",".join(map(q, f.switches))}]}}\n'
+        )
+        if len(lines) >= _BLOCK_ROWS:
+            yield "".join(lines)
+            lines = []
+    if lines:
+        yield "".join(lines)
 
 
 def _write_tar(
@@ -247,8 +282,10 @@ def _job_json(job: models.Job) -> str:
     return text
 
 
-def _checked_extras(extra_files: Mapping[str, str]) -> dict[str, str]:
+def _checked_extras(extra_files: Mapping[str, str], *, flows: bool) -> dict[str, str]:
     reserved = {JOB, RECORDS, RECORDS + ".gz"}
+    if flows:  # without net_flows, a ready-made flows.jsonl may come as an extra file
+        reserved |= {NET_FLOWS, NET_FLOWS + ".gz"}
     for name in extra_files:
         if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
             raise ValueError(f"extra file name must be a plain file name (got {name!r})")

@@ -15,9 +15,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 DIAGNOSIS_SCHEMA: Literal["collscope.diagnosis/v1"] = "collscope.diagnosis/v1"
 
@@ -119,9 +125,17 @@ class _Model(BaseModel):
 
 
 class Culprit(_Model):
-    """One suspected rank; node/pod/gpu come from job.json when known."""
+    """One suspected rank; node/pod/gpu come from job.json when known.
 
-    rank: Annotated[int, Field(ge=0)]
+    Extension for black-box (network flow) analysis, where a culprit may be bigger than a rank:
+    ``job`` (a job recognised from flows, e.g. ``job-3``), ``group`` (one of its DP groups,
+    e.g. ``job-3/dp-5``: one culprit per member GPU), ``switch`` (a switch name from
+    ``flows.jsonl``) and ``endpoint`` (the flow endpoint id of a GPU). ``rank`` is then None
+    when no GPU is meant (a job or a switch). The four are left out of the JSON when None, so
+    collective diagnoses print exactly as before.
+    """
+
+    rank: Annotated[int, Field(ge=0)] | None = None
     node: str | None = None
     pod: str | None = None
     gpu: int | None = None
@@ -131,6 +145,21 @@ class Culprit(_Model):
     channel: int | None = None
     peer: int | None = None
     score: Annotated[float, Field(ge=0.0, le=1.0)]
+    job: str | None = None
+    group: str | None = None
+    switch: str | None = None
+    endpoint: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in _CULPRIT_EXTENSIONS:
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+_CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint")
 
 
 class Diagnosis(_Model):

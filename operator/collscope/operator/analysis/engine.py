@@ -147,7 +147,8 @@ def _root_cause(
             ],
         )
     confidence = max(0.0, min(1.0, finding.coverage * (0.5 + 0.5 * finding.margin)))
-    hardware = hwsamples.notes(window, finding.culprits[0].rank, where) if finding.culprits else []
+    top = finding.culprits[0].rank if finding.culprits else None
+    hardware = hwsamples.notes(window, top, where) if top is not None else []
     return diagnosis.Diagnosis(
         anomaly=True,
         trigger=hit.kind,
