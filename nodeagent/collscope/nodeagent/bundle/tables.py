@@ -246,6 +246,31 @@ def flow_model(row: Any) -> models.SendFlow | models.RecvFlow:
     )
 
 
+def net_flow_models(
+    endpoints: Sequence[str],
+    switches: Sequence[str],
+    columns: tuple[npt.NDArray[np.integer[Any]], ...],
+    sw_ptr: npt.NDArray[np.integer[Any]],
+    sw_idx: npt.NDArray[np.integer[Any]],
+) -> Iterator[models.NetFlow]:
+    """Columnar flows back to ``flows.jsonl`` models, row by row (to write a window out).
+
+    ``columns`` = (ts, src, dst, bytes, duration), one value per flow, ``src``/``dst`` indexing
+    ``endpoints``; flow ``i`` crossed ``switches[sw_idx[sw_ptr[i]:sw_ptr[i + 1]]]`` (CSR).
+    """
+    ptr, names = sw_ptr.tolist(), [switches[j] for j in sw_idx.tolist()]
+    ts, src, dst, nbytes, duration = (c.tolist() for c in columns)
+    for i, (t, s, d, nb, du) in enumerate(zip(ts, src, dst, nbytes, duration, strict=True)):
+        yield models.NetFlow.model_construct(
+            ts=t,
+            src=endpoints[s],
+            dst=endpoints[d],
+            bytes=nb,
+            duration=du,
+            switches=names[ptr[i] : ptr[i + 1]],
+        )
+
+
 @dataclass
 class _Interner:
     values: list[str] = field(default_factory=list)

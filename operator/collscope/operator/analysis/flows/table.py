@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from collscope.nodeagent.bundle import models
+from collscope.nodeagent.bundle import models, tables
 
 IntArray = npt.NDArray[np.int64]
 I32Array = npt.NDArray[np.int32]
@@ -148,25 +148,10 @@ class FlowTable:
 
     def iter_flows(self) -> Iterator[models.NetFlow]:
         """Every row as its ``flows.jsonl`` model, in start order (to write a window out)."""
-        eps, sws, ptr, idx = self.endpoints, self.switches, self.sw_ptr.tolist(), self.sw_idx
-        names = [sws[i] for i in idx.tolist()]
-        rows = zip(
-            self.ts.tolist(),
-            self.src.tolist(),
-            self.dst.tolist(),
-            self.nbytes.tolist(),
-            self.duration.tolist(),
-            strict=True,
+        columns = (self.ts, self.src, self.dst, self.nbytes, self.duration)
+        return tables.net_flow_models(
+            self.endpoints, self.switches, columns, self.sw_ptr, self.sw_idx
         )
-        for i, (ts, src, dst, nb, du) in enumerate(rows):
-            yield models.NetFlow.model_construct(
-                ts=ts,
-                src=eps[src],
-                dst=eps[dst],
-                bytes=nb,
-                duration=du,
-                switches=names[ptr[i] : ptr[i + 1]],
-            )
 
     def path_rows(self, rows: IntArray) -> tuple[IntArray, I32Array]:
         """(flow row, switch index) for every switch on the paths of ``rows``, exploded."""

@@ -63,25 +63,10 @@ class FlowSimResult:
 
     def net_flows(self) -> Iterator[models.NetFlow]:
         """Every flow as its ``flows.jsonl`` model, in start order."""
-        eps, sws = self.endpoints, self.switches
-        ptr, idx = self.sw_ptr.tolist(), self.sw_idx.tolist()
-        rows = zip(
-            self.ts.tolist(),
-            self.src.tolist(),
-            self.dst.tolist(),
-            self.nbytes.tolist(),
-            self.duration.tolist(),
-            strict=True,
+        columns = (self.ts, self.src, self.dst, self.nbytes, self.duration)
+        return tables.net_flow_models(
+            self.endpoints, self.switches, columns, self.sw_ptr, self.sw_idx
         )
-        for i, (ts, s, d, nb, du) in enumerate(rows):
-            yield models.NetFlow.model_construct(
-                ts=ts,
-                src=eps[s],
-                dst=eps[d],
-                bytes=nb,
-                duration=du,
-                switches=[sws[j] for j in idx[ptr[i] : ptr[i + 1]]],
-            )
 
     def write(self, out: str | os.PathLike[str], *, compress: bool = True) -> pathlib.Path:
         """A flows-only bundle: job.json, empty records, flows.jsonl, truth.json."""
