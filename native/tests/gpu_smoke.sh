@@ -10,8 +10,8 @@
 #      must appear, timed by KernelCh events;
 #   2. NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1, which forces the NET transport between the two
 #      local GPUs: ProxyOp/ProxyStep events must also fill flow slots.
-# Then reads every ring file with a small inline reader (offsets from
-# native/include/collscope_ring.h) and checks what it finds. Exit 0 = passed, 77 = skipped
+# Then reads every ring file with collscope's reader (collscope.nodeagent.ring: needs numpy,
+# which PyTorch brings) and checks what it finds. Exit 0 = passed, 77 = skipped
 # (no GPUs / no PyTorch), anything else = failed. Record where it passed in native/README.md.
 set -euo pipefail
 
@@ -31,7 +31,7 @@ if [[ ${ngpu} -lt 2 ]]; then
     echo "gpu_smoke: skipped: needs 2 GPUs (NCCL allows one rank per GPU), found ${ngpu}" >&2
     exit 77
 fi
-if ! "${python}" -c 'import torch, torch.distributed; assert torch.cuda.is_available()' 2>/dev/null; then
+if ! "${python}" -c 'import numpy, torch, torch.distributed; assert torch.cuda.is_available()' 2>/dev/null; then
     echo "gpu_smoke: skipped: ${python} has no CUDA-enabled PyTorch" >&2
     exit 77
 fi
@@ -62,50 +62,31 @@ dist.destroy_process_group()
 EOF
 
 cat >"${work}/check.py" <<'EOF'
-"""Minimal ring reader for the smoke test (layout: native/include/collscope_ring.h, v1)."""
+"""Reads the smoke test's rings with collscope's own reader (collscope.nodeagent.ring)."""
 import glob
-import struct
 import sys
 
+from collscope.nodeagent import ring, ringevents, ringlayout
+
 trace_dir, need_flows = sys.argv[1], sys.argv[2] == "flows"
-MAGIC = 0x474E495250435343
 files = sorted(glob.glob(f"{trace_dir}/collscope-*.ring"))
 if len(files) != 2:
     sys.exit(f"expected 2 ring files in {trace_dir}, found {files}")
 for path in files:
-    data = open(path, "rb").read()
-    magic, version = struct.unpack_from("<QI", data, 0)
-    if magic != MAGIC or version != 1:
-        sys.exit(f"{path}: bad magic/version {magic:#x}/{version}")
-    (file_size,) = struct.unpack_from("<Q", data, 16)
-    comm_off, _, nslots, slot_size, _, nflows = struct.unpack_from("<QQIIII", data, 32)
-    ev_off, _, nev, ev_size = struct.unpack_from("<QQII", data, 64)
-    pid, rank, local_rank, world = struct.unpack_from("<iiii", data, 96)
-    nccl = data[640:672].split(b"\0")[0].decode()
-    written, overwritten, dropped = struct.unpack_from("<QQQ", data, 768)
-    ops = []
-    for i in range(max(0, written - nev), written):
-        rec = ev_off + (i % nev) * ev_size
-        idx, rtype, func, _, _, nch, _, flags = struct.unpack_from("<QBBBBBBB", data, rec)
-        if idx != i or rtype != 1:
-            continue
-        seq, nbytes, start, end = struct.unpack_from("<QQqq", data, rec + 24)
-        if end < start:
-            sys.exit(f"{path}: record {i} ends before it starts")
-        ops.append((func, seq, nbytes, nch, flags))
-    kernel_timed = sum(1 for op in ops if op[4] & 0x02)
-    flows_done = 0
-    for s in range(nslots):
-        base = comm_off + s * slot_size
-        for f in range(nflows):
-            fo = base + 1536 + f * 64
-            direction = data[fo + 4]
-            total, _, _, _, done_consumed = struct.unpack_from("<IIIII", data, fo + 32)
-            if direction and total and done_consumed == total:
-                flows_done += 1
-    print(f"{path}: rank {rank}/{world} local {local_rank} nccl '{nccl}': {len(ops)} op records "
+    with ring.open(path) as r:
+        ident, status, snap = r.identity, r.status(), r.snapshot()
+        events, _, missed = r.events_since(r.first_cursor())
+    ops = [e for e in events if isinstance(e, ringevents.OpEvent)]
+    bad = [e for e in ops if e.end_ns < e.start_ns]
+    if bad:
+        sys.exit(f"{path}: record {bad[0].index} ends before it starts")
+    kernel_timed = sum(1 for e in ops if e.flags & ringlayout.OPF_KERNEL)
+    flows_done = sum(1 for c in snap.comms for f in c.flows if f.total and f.done_consumed == f.total)
+    print(f"{path}: rank {ident.rank}/{ident.world_size} local {ident.local_rank} "
+          f"nccl '{ident.nccl_version}' api v{status.profiler_api}: {len(ops)} op records "
           f"({kernel_timed} with KernelCh), {flows_done} completed flows, "
-          f"{dropped} dropped, {overwritten} overwritten")
+          f"{status.events_dropped} dropped, {status.events_overwritten} overwritten, "
+          f"{missed} missed")
     if len(ops) < 15:
         sys.exit(f"{path}: expected >= 15 all-reduce completion records, found {len(ops)}")
     if kernel_timed == 0:
@@ -130,7 +111,8 @@ run() {
         exit 1
     fi
     grep -E '^torch |[Pp]rofiler|collscope' "${work}/${name}.log" | sort -u | head -n 20 || true
-    "${python}" "${work}/check.py" "${dir}" "${need}"
+    PYTHONPATH="${repo_dir}/nodeagent${PYTHONPATH:+:${PYTHONPATH}}" \
+        "${python}" "${work}/check.py" "${dir}" "${need}"
 }
 
 run intranode kernel
