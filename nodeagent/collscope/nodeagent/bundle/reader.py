@@ -24,7 +24,7 @@ import os
 import re
 import tarfile
 import zlib
-from collections.abc import Collection, Generator, Iterator
+from collections.abc import Collection, Generator, Iterable, Iterator
 from typing import IO, Any, NoReturn, TypeVar
 
 import pydantic
@@ -79,21 +79,46 @@ def load(
         name = _find(src, RECORDS)
         if name is None:
             raise _error(src.where(RECORDS), f"missing: a bundle needs {RECORDS} or {RECORDS}.gz")
-        where = src.where(name)
-        validate = _RECORD.validate_json
-        add = builder.add_record
         with contextlib.closing(_lines(src, name)) as lines:
-            for lineno, raw in lines:
-                try:
-                    rec = validate(raw)
-                except pydantic.ValidationError as e:
-                    _raise_invalid(e, raw, where, lineno, record=True)
-                if keep is not None and rec.rank not in keep:
-                    continue
-                if not lo <= rec.ts <= hi and rec.type != "comm":
-                    continue
-                add(rec)
+            _add_records(builder, src.where(name), lines, keep=keep, lo=lo, hi=hi)
     return builder.build()
+
+
+def load_lines(
+    job: models.Job, sources: Iterable[tuple[str, Iterable[bytes]]], *, label: str = "<lines>"
+) -> tables.Bundle:
+    """A ``Bundle`` of ``job`` from ``records.jsonl`` lines held in memory, e.g. what the node
+    agents' ``/v1/window`` streamed: ``sources`` = ``(where, lines)`` pairs, ``where`` naming
+    the origin in errors (``http://node-3:9464/v1/window``). Validated like ``load``; every
+    record is kept."""
+    builder = tables.BundleBuilder(job, source=label)
+    for where, lines in sources:
+        numbered = ((i, raw) for i, raw in enumerate(lines, 1) if raw.strip())
+        _add_records(builder, where, numbered)
+    return builder.build()
+
+
+def _add_records(
+    builder: tables.BundleBuilder,
+    where: str,
+    lines: Iterable[tuple[int, bytes]],
+    *,
+    keep: frozenset[int] | None = None,
+    lo: int = -1,
+    hi: int = _TIME_MAX,
+) -> None:
+    validate = _RECORD.validate_json
+    add = builder.add_record
+    for lineno, raw in lines:
+        try:
+            rec = validate(raw)
+        except pydantic.ValidationError as e:
+            _raise_invalid(e, raw, where, lineno, record=True)
+        if keep is not None and rec.rank not in keep:
+            continue
+        if not lo <= rec.ts <= hi and rec.type != "comm":
+            continue
+        add(rec)
 
 
 def iter_net_flows(path: str | os.PathLike[str]) -> Iterator[models.NetFlow]:

@@ -627,3 +627,37 @@ def test_load_streams_instead_of_holding_the_file(tmp_path: pathlib.Path) -> Non
     assert sum(map(len, (bundle.comms, bundle.ops, bundle.states, bundle.hw))) == 64 * per_rank
     assert peak < 0.6 * raw_size, f"peak {peak / 1e6:.1f} MB for {raw_size / 1e6:.1f} MB"
     assert peak < 1.4 * tables_size, f"peak {peak / 1e6:.1f} MB, tables {tables_size / 1e6:.1f}"
+
+
+# --- lines held in memory (what the operator pulls from agents) ----------------------------
+
+
+def test_load_lines_equals_load_of_the_same_records(
+    make_bundle: MakeBundle, records: list[Record], job: dict[str, Any]
+) -> None:
+    from_file = reader.load(make_bundle(records))
+    lines = [dump(r).encode() for r in records]
+    half = len(lines) // 2
+    from_lines = reader.load_lines(
+        models.Job.model_validate(job),
+        [
+            ("http://node-0/v1/window", lines[:half]),
+            ("http://node-1/v1/window", [b"", *lines[half:]]),
+        ],
+    )
+    assert from_lines.job == from_file.job
+    for name in ("comms", "ops", "states", "flows", "hw"):
+        assert (getattr(from_lines, name) == getattr(from_file, name)).all(), name
+
+
+def test_load_lines_names_the_source_and_line_of_a_bad_record(
+    records: list[Record], job: dict[str, Any]
+) -> None:
+    bad = dict(records[0], rank="three")
+    lines = [dump(records[1]).encode(), b"", dump(bad).encode()]
+    err = format_error(
+        lambda: reader.load_lines(
+            models.Job.model_validate(job), [("http://node-7:9464/v1/window", lines)]
+        )
+    )
+    assert "http://node-7:9464/v1/window:3" in str(err) and "rank" in str(err)
