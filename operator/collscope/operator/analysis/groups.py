@@ -254,3 +254,17 @@ def sample_ranks(groups: Groups, job: models.Job, max_ranks: int = 10) -> tuple[
         stage_use[stage_a[pick]] += 1
         group_use[group_a[pick]] += 1
     return tuple(sorted(chosen))
+
+
+def kind_of(
+    job: models.Job,
+    members: tuple[int, ...],
+    *,
+    p2p: bool,
+    node_names: Sequence[str | None],
+    world: int,
+    ncomms: int,
+) -> Kind:
+    """The kind rule of this module's docstring, for callers that know communicator membership
+    without a bundle (the operator's live TrainingJob, fed by the agents' ring identities)."""
+    return _kind(job, members, p2p=p2p, node_names=node_names, world=world, ncomms=ncomms)

@@ -1,0 +1,155 @@
+"""The webhook's patch: what an opted-in pod gets, that the user's settings win, that a second
+pass changes nothing, and that other pods are untouched."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from collscope.operator import injection
+
+SETTINGS = injection.InjectionSettings(image="registry.local/collscope:test", ring_bytes=1 << 22)
+OPT_IN = {"collscope.dev/diagnose": "true"}
+
+
+def pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"containers": [{"name": "trainer", "image": "pytorch"}]}
+    body.update(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "llama-0", "annotations": annotations or {}},
+        "spec": body,
+    }
+
+
+def inject(obj: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = jsonpatch.apply_patch(obj, injection.patch(obj, SETTINGS))
+    return out
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_opted_in_pod_gets_everything() -> None:
+    out = inject(pod(OPT_IN))
+    vols = {v["name"]: v for v in out["spec"]["volumes"]}
+    assert vols["collscope-plugin"] == {"name": "collscope-plugin", "emptyDir": {}}
+    assert vols["collscope-trace"]["emptyDir"]["medium"] == "Memory"
+    (init,) = out["spec"]["initContainers"]
+    assert init["image"] == "registry.local/collscope:test"
+    assert init["command"][-1] == "/opt/collscope-plugin/libnccl-profiler-collscope.so"
+    (c,) = out["spec"]["containers"]
+    env = env_of(c)
+    assert env["NCCL_PROFILER_PLUGIN"] == "/opt/collscope-plugin/libnccl-profiler-collscope.so"
+    assert env["COLLSCOPE_TRACE_DIR"] == "/run/collscope"
+    assert env["COLLSCOPE_RING_BYTES"] == str(1 << 22)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["collscope-plugin"]["readOnly"] is True
+    assert mounts["collscope-trace"]["mountPath"] == "/run/collscope"
+
+
+def test_other_pods_are_untouched() -> None:
+    assert injection.patch(pod(), SETTINGS) == []
+    assert injection.patch(pod({"collscope.dev/diagnose": "false"}), SETTINGS) == []
+    assert injection.patch({"metadata": {}}, SETTINGS) == []
+
+
+def test_idempotent() -> None:
+    once = inject(pod(OPT_IN))
+    assert injection.patch(once, SETTINGS) == []
+    assert inject(copy.deepcopy(once)) == once
+
+
+def test_existing_env_volumes_and_mounts_win() -> None:
+    user = pod(
+        OPT_IN,
+        volumes=[{"name": "data", "emptyDir": {}}],
+        initContainers=[{"name": "warmup", "image": "busybox"}],
+        containers=[
+            {
+                "name": "trainer",
+                "image": "pytorch",
+                "env": [{"name": "NCCL_PROFILER_PLUGIN", "value": "mine.so"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/run/collscope"}],
+            },
+            {"name": "sidecar", "image": "x"},
+        ],
+    )
+    out = inject(user)
+    assert [v["name"] for v in out["spec"]["volumes"]] == [
+        "data",
+        "collscope-plugin",
+        "collscope-trace",
+    ]
+    assert [c["name"] for c in out["spec"]["initContainers"]] == ["warmup", "collscope-plugin"]
+    trainer, sidecar = out["spec"]["containers"]
+    assert env_of(trainer)["NCCL_PROFILER_PLUGIN"] == "mine.so"
+    assert [e["name"] for e in trainer["env"]].count("NCCL_PROFILER_PLUGIN") == 1
+    assert "COLLSCOPE_TRACE_DIR" in env_of(trainer)
+    # /run/collscope is the user's: our trace volume is not mounted over it.
+    paths = {m["mountPath"]: m["name"] for m in trainer["volumeMounts"]}
+    assert paths["/run/collscope"] == "data" and "collscope-trace" not in paths.values()
+    assert "NCCL_PROFILER_PLUGIN" in env_of(sidecar)
+    assert injection.patch(out, SETTINGS) == []
+
+
+def test_patch_only_appends_to_existing_lists() -> None:
+    user = pod(OPT_IN, volumes=[{"name": "data", "emptyDir": {}}])
+    ops = injection.patch(user, SETTINGS)
+    assert {
+        "op": "add",
+        "path": "/spec/volumes/-",
+        "value": {"name": "collscope-plugin", "emptyDir": {}},
+    } in ops
+    assert all(op["op"] == "add" for op in ops)
+
+
+names = st.sampled_from(["NCCL_PROFILER_PLUGIN", "POD_NAME", "FOO", "COLLSCOPE_TRACE_DIR"])
+container = st.fixed_dictionaries(
+    {"name": st.sampled_from(["a", "b", "c"]), "image": st.just("i")},
+    optional={
+        "env": st.lists(st.builds(lambda n: {"name": n, "value": "u"}, names), max_size=3),
+        "volumeMounts": st.lists(
+            st.builds(
+                lambda n, p: {"name": n, "mountPath": p},
+                st.sampled_from(["collscope-trace", "data"]),
+                st.sampled_from(["/run/collscope", "/data", "/opt/collscope-plugin"]),
+            ),
+            max_size=2,
+        ),
+    },
+)
+
+
+@given(
+    containers=st.lists(container, min_size=1, max_size=3),
+    volumes=st.one_of(st.none(), st.lists(st.builds(lambda n: {"name": n, "emptyDir": {}},
+                                                    st.sampled_from(["data", "collscope-plugin"])),
+                                         max_size=2)),
+    opted=st.booleans(),
+)  # fmt: skip
+def test_any_pod_injected_twice_equals_once(
+    containers: list[dict[str, Any]], volumes: list[dict[str, Any]] | None, opted: bool
+) -> None:
+    spec: dict[str, Any] = {"containers": containers}
+    if volumes is not None:
+        spec["volumes"] = volumes
+    before = {"metadata": {"annotations": OPT_IN if opted else {}}, "spec": spec}
+    once = inject(copy.deepcopy(before))
+    assert injection.patch(once, SETTINGS) == []
+    if not opted:
+        assert once == before
+    for c_before, c_after in zip(
+        before["spec"]["containers"], once["spec"]["containers"], strict=True
+    ):
+        for e in c_before.get("env", []):  # every user env value survives
+            assert env_of(c_after)[e["name"]] == env_of(c_before)[e["name"]]
