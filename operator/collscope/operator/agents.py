@@ -1,0 +1,231 @@
+"""The operator's client of the node agents' HTTP API (``collscope.nodeagent.api``, ``/v1/``).
+
+The trigger loop pulls summaries of the sampled ranks from their nodes' agents every second,
+and on a trigger the window around it from the agents of the affected ranks (DESIGN §5, §6).
+Both fan out to many nodes at once, so every call here is ``async`` (httpx) and ``gather``
+runs one call per node concurrently. An unreachable agent is a result, not a failure: the
+trigger works with the ranks it could read and the Diagnosis names the nodes it could not.
+
+Retries: a connection error, a timeout or a 5xx answer is retried ``retries`` times with
+exponential backoff (``backoff_s``, doubled each time); a 4xx answer is our mistake and is not.
+This module is the one boundary where httpx and pydantic errors become
+``errors.AgentUnreachable`` / ``errors.AgentError``, always ``from`` the original. Usage::
+
+    client = agents.AgentClient("node-3", "http://10.0.0.3:9464")
+    got, failed = await agents.gather(
+        {"node-3": client.summaries([24, 25], window_s=5.0)}
+    )
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+import httpx
+import pydantic
+
+from collscope.nodeagent import api
+from collscope.nodeagent import errors as agent_errors
+from collscope.nodeagent.bundle import models, reader, tables
+from collscope.operator import errors
+
+T = TypeVar("T")
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+# The trigger runs every second; one slow agent must not hold a tick for longer than that.
+DEFAULT_TIMEOUT_S: Final = 2.0
+DEFAULT_RETRIES: Final = 2
+DEFAULT_BACKOFF_S: Final = 0.1
+# An agent's error body longer than this is not its ErrorResponse: cut it in messages.
+ERROR_TEXT_MAX: Final = 200
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unreachable:
+    """A node whose agent did not answer usefully, and why (for status and Events)."""
+
+    node: str
+    reason: str
+
+
+class AgentClient:
+    """One node agent at ``base_url``. ``transport`` is for tests (an httpx transport)."""
+
+    def __init__(
+        self,
+        node: str,
+        base_url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if retries < 0 or backoff_s < 0 or timeout_s <= 0:
+            raise ValueError(f"agent client {node}: bad timeout/retries/backoff")
+        self.node = node
+        self.base_url = base_url.rstrip("/")
+        self._retries = retries
+        self._backoff_s = backoff_s
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout_s, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def ranks(self) -> api.RanksResponse:
+        """``GET /v1/ranks``: the rings on the node with identity and health."""
+        return _parse(api.RanksResponse, await self._get("/v1/ranks", {}), self._url("/v1/ranks"))
+
+    async def summaries(self, ranks: Sequence[int], *, window_s: float) -> api.SummariesResponse:
+        """``GET /v1/summaries``: trigger summaries of ``ranks`` over the last ``window_s``."""
+        params = {"ranks": _csv(ranks), "window_s": f"{window_s:g}"}
+        body = await self._get("/v1/summaries", params)
+        return _parse(api.SummariesResponse, body, self._url("/v1/summaries"))
+
+    async def window_lines(
+        self, ranks: Sequence[int], *, since_ns: int, until_ns: int
+    ) -> list[bytes]:
+        """``GET /v1/window``: the ranks' bundle-v1 record lines in ``[since_ns, until_ns]``."""
+        params = {"ranks": _csv(ranks), "since": str(since_ns), "until": str(until_ns)}
+        return (await self._get("/v1/window", params)).splitlines()
+
+    async def hardware(self, *, since_ns: int, until_ns: int) -> api.HardwareResponse:
+        """``GET /v1/hardware``: the node's hardware samples in the range, and its sources."""
+        params = {"since": str(since_ns), "until": str(until_ns)}
+        body = await self._get("/v1/hardware", params)
+        return _parse(api.HardwareResponse, body, self._url("/v1/hardware"))
+
+    async def stacks(self, request: api.StacksRequest) -> dict[str, Any]:
+        """``POST /v1/stacks``: py-spy stacks of ranks on the node, grouped (JSON as sent)."""
+        return await self._post_json("/v1/stacks", request)
+
+    async def flightrecorder(self, request: api.FlightRecorderRequest) -> dict[str, Any]:
+        """``POST /v1/flightrecorder``: Flight Recorder dumps of ranks on the node (JSON)."""
+        return await self._post_json("/v1/flightrecorder", request)
+
+    # -- transport ------------------------------------------------------------------------
+
+    def _url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    async def _get(self, path: str, params: Mapping[str, str]) -> bytes:
+        return await self._request("GET", path, params=dict(params))
+
+    async def _post_json(self, path: str, request: pydantic.BaseModel) -> dict[str, Any]:
+        body = await self._request("POST", path, content=request.model_dump_json().encode())
+        return _parse(_JsonObject, body, self._url(path)).root
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        content: bytes | None = None,
+    ) -> bytes:
+        url = self._url(path)
+        delay = self._backoff_s
+        for attempt in range(self._retries + 1):
+            last = attempt == self._retries
+            try:
+                resp = await self._http.request(method, path, params=params, content=content)
+            except httpx.TransportError as e:
+                if last:
+                    raise errors.AgentUnreachable(
+                        f"agent {self.node} at {url}: {type(e).__name__}: {e or 'no detail'} "
+                        f"(after {attempt + 1} attempts)"
+                    ) from e
+            else:
+                if resp.status_code < 400:
+                    return resp.content
+                if resp.status_code < 500 or last:
+                    raise errors.AgentError(
+                        f"agent {self.node} at {url}: HTTP {resp.status_code}: {_error_text(resp)}"
+                    )
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+class _JsonObject(pydantic.RootModel[dict[str, Any]]):
+    pass
+
+
+def _parse(model: type[M], body: bytes, url: str) -> M:
+    try:
+        return model.model_validate_json(body)
+    except pydantic.ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise errors.AgentError(
+            f"agent answer from {url} is not a v1 {model.__name__}: {where}: {first['msg']}"
+        ) from e
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        err = api.ErrorResponse.model_validate_json(resp.content)
+    except pydantic.ValidationError:
+        return resp.text[:ERROR_TEXT_MAX] or resp.reason_phrase
+    return err.error if err.parameter is None else f"{err.error} (parameter {err.parameter})"
+
+
+def _csv(ranks: Iterable[int]) -> str:
+    return ",".join(str(int(r)) for r in ranks)
+
+
+async def gather(calls: Mapping[str, Awaitable[T]]) -> tuple[dict[str, T], list[Unreachable]]:
+    """Run one call per node concurrently: ``({node: result}, [nodes that failed, why])``.
+
+    Only ``errors.AgentError`` (unreachable, bad answer) is caught; anything else is a bug and
+    propagates.
+    """
+    nodes = list(calls)
+    results = await asyncio.gather(*(calls[n] for n in nodes), return_exceptions=True)
+    got: dict[str, T] = {}
+    failed: list[Unreachable] = []
+    for node, res in zip(nodes, results, strict=True):
+        if isinstance(res, errors.AgentError):
+            failed.append(Unreachable(node, str(res)))
+        elif isinstance(res, BaseException):
+            raise res
+        else:
+            got[node] = res
+    return got, failed
+
+
+async def pull_window(
+    clients: Mapping[str, AgentClient],
+    ranks_by_node: Mapping[str, Sequence[int]],
+    job: models.Job,
+    *,
+    since_ns: int,
+    until_ns: int,
+) -> tuple[tables.Bundle, list[Unreachable]]:
+    """The trigger window of ``ranks_by_node`` from their agents, in parallel, as one Bundle.
+
+    A node without a client, or whose agent fails, is listed in the second value; the bundle
+    holds what the others sent (analysis works with partial coverage).
+    """
+    calls = {
+        node: clients[node].window_lines(ranks, since_ns=since_ns, until_ns=until_ns)
+        for node, ranks in ranks_by_node.items()
+        if node in clients and ranks
+    }
+    got, failed = await gather(calls)
+    failed += [
+        Unreachable(n, "no agent known on this node") for n in ranks_by_node if n not in clients
+    ]
+    sources = [
+        (f"{clients[node].base_url}/v1/window", lines) for node, lines in sorted(got.items())
+    ]
+    try:
+        bundle = reader.load_lines(job, sources, label="agents")
+    except agent_errors.BundleError as e:
+        raise errors.AgentError(f"an agent's /v1/window is not bundle-v1: {e}") from e
+    return bundle, failed

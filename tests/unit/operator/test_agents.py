@@ -1,0 +1,178 @@
+"""agents: the node-agent client's retries, error mapping and fan-out.
+
+These tests answer through ``httpx.MockTransport`` (httpx's own transport interface) to script
+failures a real agent cannot be made to produce on demand (a 503 then a 200, a non-v1 body);
+``test_agents_live.py`` runs the same client against a real agent serving real rings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from collscope.nodeagent import api
+from collscope.nodeagent.bundle import models
+from collscope.operator import agents, errors
+
+Handler = Callable[[httpx.Request], httpx.Response]
+T0 = 1_732_001_234_000_000_000
+
+
+def client(handler: Handler, *, retries: int = 2) -> agents.AgentClient:
+    """A client whose requests ``handler`` answers; no backoff, so retries cost no time."""
+    return agents.AgentClient(
+        "node-1",
+        "http://agent.test:9464",
+        transport=httpx.MockTransport(handler),
+        retries=retries,
+        backoff_s=0.0,
+    )
+
+
+def summaries_body(rank: int) -> dict[str, object]:
+    s = {
+        "rank": rank,
+        "window_s": 5.0,
+        "from_ns": T0,
+        "to_ns": T0 + 5 * 10**9,
+        "health": "live",
+        "completed_ops": 3,
+        "completed_bytes": 3 << 20,
+        "throughput_bytes_per_s": 629145.6,
+        "mean_op_interval_ns": 1.5e9,
+        "last_completion_ns": T0 + 4 * 10**9,
+        "comms": [],
+        "in_flight": [],
+        "a_field_from_a_newer_agent": 1,
+    }
+    return {"api": "v1", "node": "node-1", "now_ns": T0 + 5 * 10**9, "summaries": [s]}
+
+
+def test_summaries_sends_the_query_and_parses_the_answer() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        return httpx.Response(200, json=summaries_body(7))
+
+    got = asyncio.run(client(handler).summaries([7, 9], window_s=5.0))
+    assert got.summaries[0].rank == 7 and got.summaries[0].completed_ops == 3
+    assert seen[0].url.path == "/v1/summaries"
+    assert dict(seen[0].url.params) == {"ranks": "7,9", "window_s": "5"}
+
+
+def test_a_5xx_is_retried_with_backoff_then_succeeds() -> None:
+    answers = [
+        httpx.Response(503, json={"error": "warming up"}),
+        httpx.Response(200, json=summaries_body(1)),
+    ]
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        return answers.pop(0)
+
+    got = asyncio.run(client(handler, retries=1).summaries([1], window_s=1.0))
+    assert got.summaries[0].rank == 1 and not answers
+
+
+def test_a_4xx_is_not_retried_and_names_the_parameter() -> None:
+    calls = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req)
+        return httpx.Response(400, json={"error": "not an integer: 'x'", "parameter": "ranks"})
+
+    with pytest.raises(errors.AgentError) as info:
+        asyncio.run(client(handler, retries=3).summaries([1], window_s=1.0))
+    assert len(calls) == 1
+    msg = str(info.value)
+    assert "node-1" in msg and "HTTP 400" in msg and "parameter ranks" in msg
+    assert not isinstance(info.value, errors.AgentUnreachable)
+
+
+def test_connection_errors_after_every_retry_are_unreachable() -> None:
+    calls = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req)
+        raise httpx.ConnectError("connection refused", request=req)
+
+    with pytest.raises(errors.AgentUnreachable, match=r"node-1 .*ConnectError.*after 3 attempts"):
+        asyncio.run(client(handler, retries=2).ranks())
+    assert len(calls) == 3
+
+
+def test_an_answer_that_is_not_v1_is_an_agent_error_naming_the_field() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"api": "v1", "node": "n", "now_ns": 1, "ranks": [{}]})
+
+    with pytest.raises(errors.AgentError, match=r"/v1/ranks is not a v1 RanksResponse: ranks\.0"):
+        asyncio.run(client(handler).ranks())
+
+
+def test_gather_reports_failed_nodes_and_keeps_the_others() -> None:
+    def ok(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=summaries_body(2))
+
+    def down(req: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=req)
+
+    async def run() -> tuple[dict[str, api.SummariesResponse], list[agents.Unreachable]]:
+        a, b = client(ok), client(down, retries=0)
+        return await agents.gather(
+            {"node-a": a.summaries([2], window_s=1.0), "node-b": b.summaries([3], window_s=1.0)}
+        )
+
+    got, failed = asyncio.run(run())
+    assert list(got) == ["node-a"] and got["node-a"].summaries[0].rank == 2
+    assert [f.node for f in failed] == ["node-b"] and "ConnectTimeout" in failed[0].reason
+
+
+def test_gather_does_not_swallow_bugs() -> None:
+    async def broken() -> int:
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        asyncio.run(agents.gather({"node-a": broken()}))
+
+
+def test_pull_window_merges_nodes_and_names_missing_ones() -> None:
+    def comm(rank: int) -> bytes:
+        rec = {"type": "comm", "rank": rank, "ts": T0, "comm": "0x1f", "comm_rank": rank,
+               "nranks": 2, "nnodes": 2, "name": "dp"}  # fmt: skip
+        return json.dumps(rec).encode()
+
+    def handler_for(rank: int) -> Handler:
+        def handler(req: httpx.Request) -> httpx.Response:
+            assert req.url.params["ranks"] == str(rank)
+            return httpx.Response(200, content=comm(rank) + b"\n")
+
+        return handler
+
+    job = models.Job.model_validate({"schema": "collscope.bundle/v1", "job": "j", "world_size": 2})
+    clients = {"node-0": client(handler_for(0)), "node-1": client(handler_for(1))}
+    bundle, failed = asyncio.run(
+        agents.pull_window(
+            clients,
+            {"node-0": [0], "node-1": [1], "node-9": [5]},
+            job,
+            since_ns=T0,
+            until_ns=T0 + 1,
+        )
+    )
+    assert sorted(bundle.comms["rank"].tolist()) == [0, 1]
+    assert [(f.node, f.reason) for f in failed] == [("node-9", "no agent known on this node")]
+
+
+def test_pull_window_rejects_lines_that_are_not_bundle_v1() -> None:
+    def handler(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b'{"type": "op", "rank": 0}\n')
+
+    job = models.Job.model_validate({"schema": "collscope.bundle/v1", "job": "j", "world_size": 1})
+    with pytest.raises(errors.AgentError, match=r"http://agent.test:9464/v1/window:1"):
+        asyncio.run(
+            agents.pull_window({"n": client(handler)}, {"n": [0]}, job, since_ns=0, until_ns=1)
+        )
