@@ -5,16 +5,31 @@ Hierarchy::
     CollscopeError                      root of everything collscope raises on purpose
     ├── BundleError(ValueError)         a trace bundle that does not follow spec/bundle-v1.md
     │   └── BundleFormatError           one precise defect: file, line, field and reason
-    └── RingError                       a trace ring file (native/include/collscope_ring.h)
-        ├── RingCorrupt(ValueError)     bad magic, sizes, bounds or counters: file, region,
-        │                               offset/field and reason
-        └── RingVersionMismatch         a ring written by a plugin whose layout version this
-                                        reader does not know
+    ├── RingError                       a trace ring file (native/include/collscope_ring.h)
+    │   ├── RingCorrupt(ValueError)     bad magic, sizes, bounds or counters: file, region,
+    │   │                               offset/field and reason
+    │   └── RingVersionMismatch         a ring written by a plugin whose layout version this
+    │                                   reader does not know
+    ├── HardwareError                   a hardware counter source (hardware/: NVML, netlink,
+    │   │                               RDMA sysfs)
+    │   ├── HardwareUnavailable         the source is absent on this node (no driver, no GPU,
+    │   │                               no RDMA device): reported as a status, not a failure
+    │   └── HardwareReadError           a present source failed to read a counter
+    ├── FlightRecorderError             a PyTorch Flight Recorder dump (flightrecorder.py)
+    │   ├── FlightRecorderUnavailable   the rank has no debug pipe, or nobody reads it
+    │   └── FlightRecorderDumpInvalid(ValueError)  a dump that is not a pickled dict of plain
+    │                                   containers in the documented shape
+    └── AgentError                      the node agent process
+        ├── SettingsError(ValueError)   a bad environment variable or flag, named
+        ├── QueryError(ValueError)      a bad HTTP query parameter, named (HTTP 400)
+        └── UnavailableError            a capability the agent runs without (HTTP 503)
 
 Foreign exceptions (``OSError``, ``json.JSONDecodeError``, pydantic's ``ValidationError``,
 ``tarfile`` and ``gzip`` errors) are translated where they are caught, always ``from`` the
 original, so a caller handles one family. ``OSError`` from opening or mapping a ring file is
-left as it is: a missing file is not a corrupt one.
+left as it is: a missing file is not a corrupt one. NVML (``pynvml.NVMLError``) and netlink
+(``pyroute2`` ``NetlinkError``) errors become ``HardwareError`` in the hardware source that
+calls them, and nowhere else.
 """
 
 from __future__ import annotations
@@ -88,3 +103,65 @@ class RingVersionMismatch(RingError):  # noqa: N818 - the name issue 3 uses
             f"{file}: ring layout version {found}, this reader reads version {expected}"
             " (upgrade the node agent and the plugin together)"
         )
+
+
+class AgentError(CollscopeError):
+    """Raised by the node agent process (settings, HTTP API, sampling)."""
+
+
+class SettingsError(AgentError, ValueError):
+    """A setting that cannot be used; ``name`` is the environment variable or flag."""
+
+    def __init__(self, name: str, value: str, reason: str) -> None:
+        self.name = name
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{name}={value!r}: {reason}")
+
+
+class QueryError(AgentError, ValueError):
+    """A bad request to the agent's HTTP API; ``parameter`` names what to fix."""
+
+    def __init__(self, parameter: str, reason: str) -> None:
+        self.parameter = parameter
+        self.reason = reason
+        super().__init__(f"parameter '{parameter}': {reason}")
+
+
+class UnavailableError(AgentError):
+    """A capability (hardware counters, stacks, Flight Recorder) this agent does not have."""
+
+
+class HardwareError(CollscopeError):
+    """A hardware counter source (NVML, netlink, RDMA sysfs) could not be read."""
+
+
+class HardwareUnavailable(HardwareError):  # noqa: N818 - a state, not a failure
+    """The source is absent on this node: no NVIDIA driver or GPU, no RDMA device.
+
+    The agent keeps working; the sampler reports the source as unavailable with ``str()``
+    as the reason, e.g. ``NVML: NVML Shared Library Not Found``.
+    """
+
+
+class HardwareReadError(HardwareError):
+    """A present source failed to read, e.g. ``gpu3: nvmlDeviceGetPowerUsage: GPU is lost``."""
+
+
+class FlightRecorderError(CollscopeError):
+    """A PyTorch Flight Recorder dump could not be triggered, collected or read."""
+
+
+class FlightRecorderUnavailable(FlightRecorderError):  # noqa: N818 - a state, not a failure
+    """The rank's debug pipe is missing or has no reader (Flight Recorder not configured,
+    trace buffer off, or the process is gone)."""
+
+
+class FlightRecorderDumpInvalid(FlightRecorderError, ValueError):  # noqa: N818 - a state
+    """A dump file that is not a pickled dict of plain containers in the documented shape;
+    ``str()`` names the file and the reason."""
+
+    def __init__(self, file: str, reason: str) -> None:
+        self.file = file
+        self.reason = reason
+        super().__init__(f"{file}: {reason}")

@@ -1,0 +1,364 @@
+"""Flight Recorder dumps through real FIFOs, with a fake trainer thread doing what PyTorch's
+DumpPipe does: mkfifo ``<stem><rank>.pipe``, poll it non-blocking, and on any byte write a
+pickled trace to ``<prefix><rank>`` in place (here in two writes, so a half-written file is
+seen)."""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from collscope.nodeagent import errors, flightrecorder, frdump
+
+T0 = 1_732_001_234_000_000_000
+
+
+class IntList(list[int]):
+    """Stands for torch's List[int], which its pickler writes as build_intlist(list)."""
+
+
+class _TorchStylePickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is IntList:
+            return (list, (list(obj),))
+        return NotImplemented
+
+
+def torch_style_pickle(obj: Any) -> bytes:
+    """Protocol 2 with typed int lists as torch's jit pickler marks them (the GLOBAL opcode
+    ``c<module>\\n<name>\\n`` is text, so the placeholder is swapped for torch's name)."""
+    buf = io.BytesIO()
+    _TorchStylePickler(buf, protocol=2, fix_imports=False).dump(obj)
+    data = buf.getvalue()
+    assert b"cbuiltins\nlist\n" in data
+    return data.replace(b"cbuiltins\nlist\n", b"ctorch.jit._pickle\nbuild_intlist\n")
+
+
+def trace(rank: int, *, version: str = "2.5") -> dict[str, Any]:
+    def entry(seq: int, state: str) -> dict[str, Any]:
+        return {
+            "record_id": seq - 1,
+            "pg_id": 0,
+            "process_group": ("0", "default_pg"),
+            "collective_seq_id": seq,
+            "p2p_seq_id": 0,
+            "op_id": seq,
+            "profiling_name": "nccl:all_reduce",
+            "time_created_ns": T0 + seq * 1000,
+            "input_sizes": [IntList([1024, 8])],
+            "input_dtypes": ["Float"],
+            "output_sizes": [IntList([1024, 8])],
+            "output_dtypes": ["Float"],
+            "state": state,
+            "time_discovered_started_ns": T0 + seq * 1000 + 10 if state != "scheduled" else None,
+            "time_discovered_completed_ns": T0 + seq * 1000 + 90 if state == "completed" else None,
+            "retired": state == "completed",
+            "timeout_ms": 600000,
+            "is_p2p": False,
+            "duration": 0.08 if state == "completed" else None,
+            "frames": [{"name": "all_reduce", "filename": "c10d.py", "line": 2500}],
+        }
+
+    return {
+        "version": version,
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": 7,
+                "last_started_collective": 7,
+                "last_completed_collective": 6 + rank,
+            }
+        },
+        "entries": [entry(6, "completed"), entry(7, "completed" if rank else "started")],
+    }
+
+
+class Trainer(threading.Thread):
+    """One rank's DumpPipe and DebugInfoWriter."""
+
+    def __init__(self, stem: str, prefix: str, rank: int, payload: bytes, *, dumps: bool = True):
+        super().__init__(daemon=True)
+        self.pipe = f"{stem}{rank}.pipe"
+        self.dump = f"{prefix}{rank}"
+        self.payload = payload
+        self.dumps = dumps
+        self.pokes = 0
+        self.stop = threading.Event()
+        if os.path.exists(self.pipe):
+            os.unlink(self.pipe)
+        os.mkfifo(self.pipe, 0o666)
+        self.fd = os.open(self.pipe, os.O_RDONLY | os.O_NONBLOCK)
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    data = os.read(self.fd, 64)
+                except BlockingIOError:
+                    data = b""
+                if data:
+                    self.pokes += 1
+                    if self.dumps:
+                        self.write()
+                time.sleep(0.005)  # torch's monitor thread polls; so does this
+        finally:
+            os.close(self.fd)
+
+    def write(self) -> None:
+        half = len(self.payload) // 2
+        with open(self.dump, "wb") as f:  # in place, like DebugInfoWriter
+            f.write(self.payload[:half])
+            f.flush()
+            time.sleep(0.1)  # the agent sees a truncated pickle meanwhile
+            f.write(self.payload[half:])
+
+
+@pytest.fixture
+def paths(tmp_path: pathlib.Path) -> tuple[str, str]:
+    return str(tmp_path / "fr_pipe_"), str(tmp_path / "nccl_trace_rank_")
+
+
+@pytest.fixture
+def trainers(paths: tuple[str, str]) -> Iterator[list[Trainer]]:
+    stem, prefix = paths
+    ts = [Trainer(stem, prefix, r, torch_style_pickle(trace(r))) for r in range(2)]
+    for t in ts:
+        t.start()
+    yield ts
+    for t in ts:
+        t.stop.set()
+        t.join(timeout=5)
+
+
+def targets(paths: tuple[str, str], ranks: range) -> list[flightrecorder.Target]:
+    stem, prefix = paths
+    env = {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix}
+    out = [flightrecorder.target(r, env) for r in ranks]
+    assert all(t is not None for t in out)
+    return [t for t in out if t is not None]
+
+
+def test_trigger_collects_and_converts_every_rank(
+    trainers: list[Trainer], paths: tuple[str, str]
+) -> None:
+    report = flightrecorder.trigger(targets(paths, range(2)), timeout_s=5)
+    assert report.errors == []
+    assert [d.rank for d in report.dumps] == [0, 1]
+    assert [t.pokes for t in trainers] == [1, 1]
+    d0 = report.dumps[0]
+    assert d0.version == "2.5"
+    assert d0.file == f"{paths[1]}0"
+    assert d0.pg_config == [frdump.PgInfo(id="0", name="0", desc="default_pg", ranks=[0, 1])]
+    assert d0.pg_status[0].last_completed_collective == 6
+    assert report.dumps[1].pg_status[0].last_completed_collective == 7
+    done, stuck = d0.entries
+    assert (stuck.collective_seq_id, stuck.state, stuck.profiling_name) == (
+        7,
+        "started",
+        "nccl:all_reduce",
+    )
+    assert stuck.time_discovered_completed_ns is None
+    assert stuck.time_discovered_started_ns == T0 + 7010
+    assert stuck.input_sizes == [[1024, 8]]
+    assert stuck.input_dtypes == ["Float"]
+    assert (stuck.pg_name, stuck.pg_desc, stuck.timeout_ms) == ("0", "default_pg", 600000)
+    assert done.duration_ms == pytest.approx(0.08)
+    assert done.retired is True and done.is_p2p is False
+    # JSON-ready: what the agent serves the operator.
+    assert '"collective_seq_id":7' in report.model_dump_json()
+
+
+def test_a_stale_dump_is_not_taken_for_the_new_one(paths: tuple[str, str]) -> None:
+    stem, prefix = paths
+    pathlib.Path(f"{prefix}0").write_bytes(torch_style_pickle(trace(0, version="old")))
+    trainer = Trainer(stem, prefix, 0, torch_style_pickle(trace(0, version="new")))
+    trainer.start()
+    try:
+        (dump,) = flightrecorder.trigger(targets(paths, range(1)), timeout_s=5).dumps
+        assert dump.version == "new"
+    finally:
+        trainer.stop.set()
+        trainer.join(timeout=5)
+
+
+def test_rank_that_never_dumps_times_out_with_its_reason(paths: tuple[str, str]) -> None:
+    stem, prefix = paths
+    pathlib.Path(f"{prefix}0").write_bytes(torch_style_pickle(trace(0)))  # stale: must not count
+    trainer = Trainer(stem, prefix, 0, b"", dumps=False)
+    trainer.start()
+    try:
+        t0 = time.monotonic()
+        report = flightrecorder.trigger(targets(paths, range(1)), timeout_s=0.3)
+        assert time.monotonic() - t0 < 2
+    finally:
+        trainer.stop.set()
+        trainer.join(timeout=5)
+    assert report.dumps == []
+    assert report.errors == [
+        flightrecorder.RankFailure(rank=0, reason=f"{prefix}0: no dump within 0.3 s")
+    ]
+
+
+def test_pipe_problems_are_per_rank(paths: tuple[str, str], trainers: list[Trainer]) -> None:
+    stem, _ = paths
+    os.mkfifo(f"{stem}2.pipe")  # configured, but nobody reads it (the process exited)
+    pathlib.Path(f"{stem}3.pipe").write_text("")  # not a FIFO: never write into it
+    report = flightrecorder.trigger(targets(paths, range(5)), timeout_s=5)
+    assert [d.rank for d in report.dumps] == [0, 1]
+    reasons = {e.rank: e.reason for e in report.errors}
+    assert reasons[2].endswith("no reader (Flight Recorder off in this process, or it exited)")
+    assert reasons[3].endswith("not a FIFO")
+    assert reasons[4] == f"{stem}4.pipe: no debug pipe"
+
+
+def test_target_from_environment() -> None:
+    assert flightrecorder.target(3, {}) is None
+    assert flightrecorder.target(3, {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": ""}) is None
+    root = pathlib.Path("/proc/42/root")
+    t = flightrecorder.target(3, {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/p_"}, root=root)
+    assert t == flightrecorder.Target(
+        rank=3, pipe=root / "tmp/p_3.pipe", dump=root / "tmp/nccl_trace_rank_3"
+    )
+    env = {
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p_",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/old_",
+        "TORCH_FR_DUMP_TEMP_FILE": "/x/new_",
+    }
+    t = flightrecorder.target(0, env)
+    assert t is not None and t.dump == pathlib.Path("/x/new_0")
+
+
+class _Evil:
+    def __init__(self, canary: pathlib.Path) -> None:
+        self.canary = canary
+
+    def __reduce__(self) -> Any:
+        return (os.system, (f"touch {self.canary}",))
+
+
+def test_unpickling_refuses_anything_but_plain_data(tmp_path: pathlib.Path) -> None:
+    canary = tmp_path / "pwned"
+    evil = pickle.dumps({"version": "2.5", "entries": [_Evil(canary)]})
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="refused global"):
+        frdump.loads(evil, file="dump0")
+    assert not canary.exists()
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="unexpected set"):
+        frdump.loads(pickle.dumps({"entries": {1, 2}}, protocol=4))
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="not a plain pickle"):
+        frdump.loads(torch_style_pickle(trace(0))[:-30])
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="not a plain pickle"):
+        frdump.loads(b"\x80\x02P0\n.")  # persistent id (how torch pickles tensor storage)
+
+
+def test_deeply_nested_pickle_does_not_recurse() -> None:
+    depth = 200_000
+    data = b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."  # EMPTY_LIST..., APPEND...
+    obj = frdump.loads(data)
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="not dict"):
+        frdump.convert(obj, rank=0, file="f")
+
+
+def test_read_limits_and_shape(tmp_path: pathlib.Path) -> None:
+    f = tmp_path / "d"
+    f.write_bytes(torch_style_pickle(trace(0)))
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="larger than 100 bytes"):
+        frdump.read(f, rank=0, max_bytes=100)
+    f.write_bytes(pickle.dumps({"entries": "nope"}))
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="'entries' is not a list"):
+        frdump.read(f, rank=0)
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="No such file"):
+        frdump.read(tmp_path / "missing", rank=0)
+
+
+def test_missing_and_odd_fields_become_empty() -> None:
+    t = trace(0)
+    odd = copy.deepcopy(t)
+    odd["pg_config"]["0"]["ranks"] = [0, "x", 1]
+    odd["entries"][0] = {"state": "scheduled", "collective_seq_id": "9", "is_p2p": 1}
+    odd["entries"].append("not a dict")
+    d = frdump.convert(frdump.loads(torch_style_pickle(odd)), rank=0, file="f")
+    assert d.pg_config[0].ranks == [0, 1]
+    assert len(d.entries) == 2
+    e = d.entries[0]
+    assert (e.collective_seq_id, e.is_p2p, e.time_created_ns, e.input_sizes) == (9, None, None, [])
+
+
+def test_target_of_a_real_process(paths: tuple[str, str]) -> None:
+    stem, prefix = paths
+    env = {"PATH": os.environ.get("PATH", ""), flightrecorder.PIPE_ENV: stem}
+    env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = prefix
+    # Read after "ready" and with no exec to come: across an exec, /proc environ changes.
+    ready = "import time; print('ready', flush=True); time.sleep(30)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ready], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        t = flightrecorder.target_of_pid(5, proc.pid)
+        root = pathlib.Path(f"/proc/{proc.pid}/root")
+        assert t == flightrecorder.Target(
+            rank=5, pipe=root / f"{stem}5.pipe".lstrip("/"), dump=root / f"{prefix}5".lstrip("/")
+        )
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    with pytest.raises(errors.FlightRecorderUnavailable, match="environment"):
+        flightrecorder.environ_of(proc.pid)
+
+
+TRAINER_PROCESS = """
+import os, pickle, time
+stem = os.environ["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
+prefix = os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
+rank = os.environ["RANK"]
+pipe = f"{stem}{rank}.pipe"
+os.mkfifo(pipe, 0o666)
+fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+print("ready", flush=True)
+while True:
+    try:
+        data = os.read(fd, 64)
+    except BlockingIOError:
+        data = b""
+    if data:
+        trace = {"version": "2.5", "pg_config": {}, "pg_status": {},
+                 "entries": [{"collective_seq_id": 41, "state": "scheduled"}]}
+        with open(f"{prefix}{rank}", "wb") as f:
+            pickle.dump(trace, f, protocol=2)
+    time.sleep(0.005)
+"""
+
+
+def test_trigger_a_real_process_through_proc_root(paths: tuple[str, str]) -> None:
+    """The agent's path: settings from /proc/<pid>/environ, files through /proc/<pid>/root."""
+    stem, prefix = paths
+    env = {
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "RANK": "3",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TRAINER_PROCESS], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        t = flightrecorder.target_of_pid(3, proc.pid)
+        assert t is not None and str(t.pipe).startswith(f"/proc/{proc.pid}/root/")
+        report = flightrecorder.trigger([t], timeout_s=5)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    assert report.errors == []
+    (dump,) = report.dumps
+    assert (dump.rank, dump.entries[0].collective_seq_id) == (3, 41)
