@@ -3,7 +3,8 @@
  * against an empty plugin built with the same flags.
  *
  *   make -C native bench
- *   (= native/build/bench/plugin_overhead COLLSCOPE_SO EMPTY_SO)
+ *   (= native/build/bench/plugin_overhead COLLSCOPE_SO EMPTY_SO [quick])
+ * "quick" prints the 1-thread latency table only (a few seconds; for development).
  *
  * Plays, per iteration and in NCCL's order, one ring all-reduce on a communicator (notes §3):
  * host side Group API -> Coll API -> Group -> Coll start/stop; then per channel (8) a send and a
@@ -395,10 +396,11 @@ static uint64_t ring_events_written(const char *dir)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s COLLSCOPE_SO EMPTY_SO\n", argv[0]);
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "quick") == 0)) {
+        fprintf(stderr, "usage: %s COLLSCOPE_SO EMPTY_SO [quick]\n", argv[0]);
         return 2;
     }
+    const int quick = argc == 4;
     char dir[] = "/tmp/collscope-bench-XXXXXX";
     if (mkdtemp(dir) == NULL) {
         perror("mkdtemp");
@@ -423,6 +425,12 @@ int main(int argc, char **argv)
     median_run(&empty, 1, ITERS_1T, 1, e1);
     median_run(&cs, 1, ITERS_1T, 1, c1);
     table(1, e1, c1);
+    if (quick) {
+        /* development aid: the 1-thread latency table only */
+        ring_events_written(dir);
+        rmdir(dir);
+        return 0;
+    }
     median_run(&empty, 4, ITERS_4T, 1, e4);
     median_run(&cs, 4, ITERS_4T, 1, c4);
     table(4, e4, c4);

@@ -59,7 +59,13 @@
  *        which is what a hang analysis needs, stay visible.
  *      - Flows belong to the op whose serial they carry (flow.serial == op.serial). A flow
  *        slot keeps the counters of the last op that used that (channel, peer, direction)
- *        until the next op on the same connection starts moving chunks.
+ *        until the next op on the same connection starts moving chunks. A flow slot becomes
+ *        visible (dir != NONE) in the same seqlock write that gives it its first op's serial
+ *        and zero counters (version 2), so a reused comm slot never shows a stale serial.
+ *      - A flow in state QUEUED has moved no chunk: take its step counters (started,
+ *        c_*) as 0; the slot may still hold the previous op's (version 2).
+ *      - An op slot's KernelCh / ProxyOp counts are the sums of the plain field and its
+ *        `_other` twin (version 2; see struct collscope_op_slot).
  *      - idle_ns of a flow (bundle-v1 `state` record) = now - flow.last_progress_ns.
  *      - Counter meaning per direction (see struct collscope_flow_slot):
  *            send: total, ready = c_ready_posted, sent = c_sent_done, done = c_done_consumed
@@ -95,6 +101,12 @@
  *    communicators are still open.
  * ------------------------------------------------------------------------------------------
  *
+ * Version 2 (from 1): op slot counters split into own-thread and `_other` halves (the hot
+ * path then needs no locked instruction on the comm's proxy thread), header counter
+ * kernel_foreign_events, comm record fields reordered so that its name holds 23 bytes instead
+ * of 15, flow slots claimed and filled in one seqlock write, QUEUED flows' step counters read
+ * as 0 (the writer zeroes them when the flow starts running).
+ *
  * Algorithms: the split into a completion log (events) and a real-time state log (live
  * per-flow chunk counters: GPU ready / posted to the network / done) is Mycroft's (§4.2, Table 2).
  * The (communicator, operation counter) identity of an op is CCL-D's Trace ID (§5.1).
@@ -111,9 +123,9 @@ extern "C" {
 
 /* "CSCPRING" read as a little-endian uint64: bytes 43 53 43 50 52 49 4e 47 in the file. */
 #define COLLSCOPE_RING_MAGIC 0x474E495250435343ULL
-#define COLLSCOPE_RING_VERSION 1u
+#define COLLSCOPE_RING_VERSION 2u
 
-/* Fixed geometry of the live-state region (version 1). */
+/* Fixed geometry of the live-state region (versions 1 and 2). */
 #define COLLSCOPE_COMM_SLOTS 16u      /* communicators per process with live state */
 #define COLLSCOPE_OPS_PER_COMM 8u     /* ops in flight per communicator shown live */
 #define COLLSCOPE_FLOWS_PER_COMM 128u /* (channel, peer, direction) flows per communicator:
@@ -158,7 +170,9 @@ extern "C" {
 
 /* flow_slot.state: the ProxyOp (op x channel x peer x direction) the counters belong to */
 #define COLLSCOPE_FLOW_FREE 0u            /* never used */
-#define COLLSCOPE_FLOW_QUEUED 1u          /* ProxyOp appended, not yet progressing */
+#define COLLSCOPE_FLOW_QUEUED 1u          /* ProxyOp appended, not yet progressing: no chunk
+                                             moved, its step counters read as 0 whatever the
+                                             slot holds (version 2) */
 #define COLLSCOPE_FLOW_RUNNING 2u         /* ProxyOp in progress (InProgress state or a step seen) */
 #define COLLSCOPE_FLOW_DONE 3u            /* ProxyOp stopped */
 
@@ -295,7 +309,11 @@ struct collscope_ring_header {
     uint64_t comms_open;            /* 848 communicators open now (not monotonic) */
     uint64_t comms_total;           /* 856 communicator inits seen */
     uint64_t stale_flow_events;     /* 864 step events of an op that no longer owns its flow */
-    uint64_t reserved2[3];          /* 872 */
+    uint64_t kernel_foreign_events; /* 872 KernelCh stops (and ProxyOp stops of ops armed on
+                                           the comm's proxy thread) seen on another thread:
+                                           NCCL emits them all from the comm's proxy thread;
+                                           nonzero means that no longer holds (version 2) */
+    uint64_t reserved2[2];          /* 880 */
     uint8_t pad[COLLSCOPE_HEADER_BYTES - 896]; /* 896 */
 };
 
@@ -327,7 +345,15 @@ struct collscope_op_slot {
     uint32_t proxy_ops_done;        /*  76 ProxyOps stopped */
     int64_t last_progress_ns;       /*  80 coarse: last KernelCh stop (start_ns before);
                                            network progress is in the flows */
-    uint64_t reserved2[5];          /*  88 */
+    /* version 2: the four counters above count the events seen on the communicator's own
+     * proxy thread (one writer: plain increments); these count the events seen on any other
+     * thread (PXN proxies of another rank in the same process: atomic increments). The
+     * totals a reader reports are the sums, e.g. kch_started + kch_started_other. */
+    uint32_t kch_started_other;     /*  88 */
+    uint32_t kch_done_other;        /*  92 */
+    uint32_t proxy_ops_started_other; /* 96 */
+    uint32_t proxy_ops_done_other;  /* 100 */
+    uint32_t reserved2[6];          /* 104 */
 };
 
 /* Cumulative chunk (network step) counters of one (channel, peer, direction) for one op.
@@ -415,20 +441,21 @@ struct collscope_op_record {
                                            start), saturated at UINT32_MAX; 0 if unknown */
 };
 
-/* A communicator was initialised or finalized. The full name is in the comm slot. */
+/* A communicator was initialised or finalized. The full name is in the comm slot; the
+ * record keeps its first COLLSCOPE_COMM_RECORD_NAME_LEN - 1 bytes (version 1: 15). */
+#define COLLSCOPE_COMM_RECORD_NAME_LEN 24u
 struct collscope_comm_record {
     uint64_t idx;                   /*   0 */
     uint8_t type;                   /*   8 COLLSCOPE_EV_COMM_INIT / _FINALIZE */
     uint8_t profiler_api;           /*   9 */
-    uint8_t reserved0[5];           /*  10 */
-    uint8_t comm_slot;              /*  15 */
+    uint8_t comm_slot;              /*  10 */
+    uint8_t reserved0;              /*  11 */
+    int32_t rank;                   /*  12 */
     uint64_t comm_hash;             /*  16 */
-    int32_t rank;                   /*  24 */
-    int32_t nranks;                 /*  28 */
-    int32_t nnodes;                 /*  32 */
-    uint32_t reserved1;             /*  36 */
-    int64_t time_ns;                /*  40 */
-    char name[16];                  /*  48 commName truncated */
+    int64_t time_ns;                /*  24 */
+    int32_t nranks;                 /*  32 */
+    int32_t nnodes;                 /*  36 */
+    char name[COLLSCOPE_COMM_RECORD_NAME_LEN]; /* 40 commName truncated */
 };
 
 union collscope_event {
@@ -495,7 +522,8 @@ COLLSCOPE_CHECK_OFF(struct collscope_ring_header, heartbeat_count, 840);
 COLLSCOPE_CHECK_OFF(struct collscope_ring_header, comms_open, 848);
 COLLSCOPE_CHECK_OFF(struct collscope_ring_header, comms_total, 856);
 COLLSCOPE_CHECK_OFF(struct collscope_ring_header, stale_flow_events, 864);
-COLLSCOPE_CHECK_OFF(struct collscope_ring_header, reserved2, 872);
+COLLSCOPE_CHECK_OFF(struct collscope_ring_header, kernel_foreign_events, 872);
+COLLSCOPE_CHECK_OFF(struct collscope_ring_header, reserved2, 880);
 COLLSCOPE_CHECK_OFF(struct collscope_ring_header, pad, 896);
 
 _Static_assert(sizeof(struct collscope_op_slot) == 128, "op slot size");
@@ -520,7 +548,11 @@ COLLSCOPE_CHECK_OFF(struct collscope_op_slot, kch_done, 68);
 COLLSCOPE_CHECK_OFF(struct collscope_op_slot, proxy_ops_started, 72);
 COLLSCOPE_CHECK_OFF(struct collscope_op_slot, proxy_ops_done, 76);
 COLLSCOPE_CHECK_OFF(struct collscope_op_slot, last_progress_ns, 80);
-COLLSCOPE_CHECK_OFF(struct collscope_op_slot, reserved2, 88);
+COLLSCOPE_CHECK_OFF(struct collscope_op_slot, kch_started_other, 88);
+COLLSCOPE_CHECK_OFF(struct collscope_op_slot, kch_done_other, 92);
+COLLSCOPE_CHECK_OFF(struct collscope_op_slot, proxy_ops_started_other, 96);
+COLLSCOPE_CHECK_OFF(struct collscope_op_slot, proxy_ops_done_other, 100);
+COLLSCOPE_CHECK_OFF(struct collscope_op_slot, reserved2, 104);
 
 _Static_assert(sizeof(struct collscope_flow_slot) == 64, "flow slot size");
 COLLSCOPE_CHECK_OFF(struct collscope_flow_slot, seqlock, 0);
@@ -589,15 +621,14 @@ _Static_assert(sizeof(struct collscope_comm_record) == COLLSCOPE_EVENT_BYTES, "c
 COLLSCOPE_CHECK_OFF(struct collscope_comm_record, idx, 0);
 COLLSCOPE_CHECK_OFF(struct collscope_comm_record, type, 8);
 COLLSCOPE_CHECK_OFF(struct collscope_comm_record, profiler_api, 9);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, reserved0, 10);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, comm_slot, 15);
+COLLSCOPE_CHECK_OFF(struct collscope_comm_record, comm_slot, 10);
+COLLSCOPE_CHECK_OFF(struct collscope_comm_record, reserved0, 11);
+COLLSCOPE_CHECK_OFF(struct collscope_comm_record, rank, 12);
 COLLSCOPE_CHECK_OFF(struct collscope_comm_record, comm_hash, 16);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, rank, 24);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, nranks, 28);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, nnodes, 32);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, reserved1, 36);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, time_ns, 40);
-COLLSCOPE_CHECK_OFF(struct collscope_comm_record, name, 48);
+COLLSCOPE_CHECK_OFF(struct collscope_comm_record, time_ns, 24);
+COLLSCOPE_CHECK_OFF(struct collscope_comm_record, nranks, 32);
+COLLSCOPE_CHECK_OFF(struct collscope_comm_record, nnodes, 36);
+COLLSCOPE_CHECK_OFF(struct collscope_comm_record, name, 40);
 
 _Static_assert(sizeof(union collscope_event) == COLLSCOPE_EVENT_BYTES, "event size");
 

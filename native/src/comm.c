@@ -102,7 +102,7 @@ static void comm_record(const struct cs_ctx *ctx, uint8_t type, int64_t now)
 static void free_ctx(struct cs_ctx *ctx)
 {
     free(ctx->op_pool.busy);
-    free(ctx->child_pool.busy);
+    free(ctx->child_pool.busy);  /* the owner pool's flags are the second half */
     free(ctx->ops);
     free(ctx->children);
     free(ctx);
@@ -110,14 +110,20 @@ static void free_ctx(struct cs_ctx *ctx)
 
 static struct cs_ctx *alloc_ctx(void)
 {
-    struct cs_ctx *ctx = calloc(1, sizeof(*ctx));
+    /* 64-byte aligned: the fields different threads write sit on lines of their own, and no
+     * other allocation shares them (false sharing between communicators' threads) */
+    struct cs_ctx *ctx = aligned_alloc(64, sizeof(*ctx));
     if (ctx == NULL) {
         return NULL;
     }
+    memset(ctx, 0, sizeof(*ctx));
     ctx->op_pool.n = CS_OP_POOL;
-    ctx->child_pool.n = CS_CHILD_POOL;
-    ctx->op_pool.busy = calloc(CS_OP_POOL, sizeof(*ctx->op_pool.busy));
-    ctx->child_pool.busy = calloc(CS_CHILD_POOL, sizeof(*ctx->child_pool.busy));
+    ctx->child_pool.n = CS_CHILD_POOL - CS_OWNER_POOL;
+    ctx->owner_pool.n = CS_CHILD_POOL - CS_OWNER_POOL;
+    ctx->owner_pool.base = CS_OWNER_POOL;
+    /* busy flags: whole cache lines, so that no other allocation shares them */
+    ctx->op_pool.busy = aligned_alloc(64, CS_OP_POOL);
+    ctx->child_pool.busy = aligned_alloc(64, CS_CHILD_POOL);
     ctx->ops = aligned_alloc(64, CS_OP_POOL * sizeof(struct cs_op));
     ctx->children = aligned_alloc(64, CS_CHILD_POOL * sizeof(struct cs_child));
     if (ctx->op_pool.busy == NULL || ctx->child_pool.busy == NULL || ctx->ops == NULL ||
@@ -125,6 +131,13 @@ static struct cs_ctx *alloc_ctx(void)
         free_ctx(ctx);
         return NULL;
     }
+    for (unsigned i = 0; i < CS_OP_POOL; i++) {
+        atomic_init(&ctx->op_pool.busy[i], 0);
+    }
+    for (unsigned i = 0; i < CS_CHILD_POOL; i++) {
+        atomic_init(&ctx->child_pool.busy[i], 0);
+    }
+    ctx->owner_pool.busy = ctx->child_pool.busy + CS_OWNER_POOL;
     /* pool entries are fully written when claimed; no need to touch (and commit) them now */
     return ctx;
 }
@@ -157,7 +170,7 @@ ncclResult_t cs_init_common(void **context, int *mask, const char *name, uint64_
         pthread_mutex_unlock(&cs_g.lock);
         return ncclSuccess;
     }
-    int64_t now = cs_now();
+    int64_t now = cs_now_sys();
     ctx->comm_hash = hash;
     ctx->rank = rank;
     ctx->nranks = nranks;
@@ -204,7 +217,7 @@ ncclResult_t cs_finalize(void *context)
     }
     pthread_mutex_lock(&cs_g.lock);
     struct collscope_ring_header *h = cs_g.hdr;
-    int64_t now = cs_now();
+    int64_t now = cs_now_sys();
     if (ctx->slot != NULL) {
         struct collscope_comm_slot *s = ctx->slot;
         cs_seq_begin(&s->seqlock);

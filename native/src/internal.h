@@ -14,11 +14,34 @@
  *   cs_step   - a ProxyStep event: one of the 8 slots embedded in its ProxyOp's cs_child
  *   cs_dummy  - the static handle answered to Group and v5 API events
  * All memory is allocated at init; the hot path only claims and releases pool entries.
+ *
+ * The proxy thread ("owner"). NCCL emits every KernelCh event of a communicator, and every
+ * ProxyOp/ProxyStep event of its own connections, from the communicator's proxy progress
+ * thread (notes §3); only PXN ProxyOps of another rank in the same process arrive on another
+ * thread. The first thread that starts a KernelCh event of a context becomes its owner
+ * (ctx->owner, set once). The owner touches its own state with plain (relaxed load/store)
+ * updates, never a locked instruction, which on x86 also drains the store buffer and was most
+ * of a hot callback's cost; every other thread uses atomic read-modify-writes on separate
+ * fields. What the owner does:
+ *   - claims ProxyOp handles from its own half of the child pool (no CAS);
+ *   - counts KernelCh / ProxyOp starts and stops in the op slot's plain fields (the others
+ *     count in the `_other` twins, collscope_ring.h version 2), and keeps the op's GPU time
+ *     bounds (gpu_start / gpu_stop) with plain compare-and-store;
+ *   - holds the op's child references in op->local (biased reference counting): op->refs
+ *     (atomic) holds 1 for the Coll stop, 1 for the owner's group while op->local > 0, and 1
+ *     per ProxyOp armed on another thread. op->local starts at nChannels (the KernelCh events,
+ *     which come from the owner) and counts the owner's armed ProxyOps; only its 1 -> 0 and
+ *     0 -> 1 transitions touch op->refs. Whoever drops op->refs to 0 completes the op.
+ *   Should NCCL ever emit a KernelCh stop on another thread, that thread decrements op->local
+ *   with an atomic RMW and counts header.kernel_foreign_events: exact as long as the owner is
+ *   not updating the same op at that instant (it cannot be, if NCCL still has one thread per
+ *   communicator for KernelCh; the counter says whether that assumption broke).
  */
 #ifndef COLLSCOPE_INTERNAL_H
 #define COLLSCOPE_INTERNAL_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
@@ -50,6 +73,10 @@
 /* linear probes into a pool or the flow table before giving up (keeps the hot path O(1)) */
 #define CS_POOL_PROBES 16u
 #define CS_FLOW_PROBES 16u
+/* Flow index cache of a context: (channel, direction, peer % 4) -> flow slot, direct-mapped */
+#define CS_FLOW_CACHE 512u
+/* the owner's half of the child pool: [CS_CHILD_POOL / 2, CS_CHILD_POOL) */
+#define CS_OWNER_POOL (CS_CHILD_POOL / 2u)
 
 enum cs_kind {
     CS_K_DUMMY = 0xd1,
@@ -61,6 +88,9 @@ enum cs_kind {
 };
 
 enum { CS_OPH_ACTIVE = 1, CS_OPH_DONE = 2 };
+
+/* cs_child.armed: where a ProxyOp's reference on its op is held */
+enum { CS_ARM_NONE = 0, CS_ARM_SHARED = 1, CS_ARM_LOCAL = 2 };
 
 struct cs_ctx;
 struct cs_child;
@@ -77,6 +107,7 @@ struct cs_kch {
 };
 
 struct cs_op {
+    /* line 0: read by every child event */
     uint8_t kind;               /* CS_K_OP */
     uint8_t func, algo, proto, nchannels, dtype, p2p;
     _Atomic uint8_t state;      /* CS_OPH_* */
@@ -84,27 +115,44 @@ struct cs_op {
     int32_t peer;
     struct cs_ctx *ctx;
     struct collscope_op_slot *slot; /* live slot, NULL when all were busy */
+    _Atomic int64_t refs;       /* shared references (see the top of this file) */
+    _Atomic int64_t local;      /* the owner's references: plain updates by the owner */
+    _Atomic uint32_t flags;     /* COLLSCOPE_OPF_* learnt from children */
+    uint32_t reserved;
+    _Atomic uint64_t gpu_start; /* min KernelCh start pTimer, UINT64_MAX if none */
+    /* line 1 */
+    _Atomic uint64_t gpu_stop;  /* max KernelCh stop pTimer, 0 if none */
     uint64_t serial, seq, bytes;
     int64_t start_ns;
-    _Atomic int64_t refs;       /* 1 (Coll) + nChannels (KernelCh) + armed ProxyOps */
-    _Atomic uint32_t flags;     /* COLLSCOPE_OPF_* learnt from children */
-    _Atomic uint64_t gpu_start; /* min KernelCh start pTimer, UINT64_MAX if none */
-    _Atomic uint64_t gpu_stop;  /* max KernelCh stop pTimer, 0 if none */
     struct cs_kch kch[CS_KCH_SLOTS];
 } __attribute__((aligned(64)));
 
+/* 8 bytes: its ProxyOp is found from its index, like a KernelCh handle's op */
 struct cs_step {
     uint8_t kind;               /* CS_K_STEP */
-    uint8_t reserved[3];
+    uint8_t index;              /* in cs_child.steps */
+    uint16_t reserved;
     uint32_t step;
-    struct cs_child *child;
 };
 
+/* The first 16 bytes of a cs_child, written in one go by a ProxyOp start. */
+struct cs_child_head {
+    uint8_t kind;               /* CS_K_PROXYOP or CS_K_KERNELCH */
+    uint8_t is_send;
+    uint8_t channel;
+    uint8_t armed;              /* ProxyOp: CS_ARM_*; a stepped ProxyOp holds a ref on its op */
+    uint8_t owns;               /* ProxyOp: its flow slot currently shows this op */
+    uint8_t reserved[3];
+    uint32_t nsteps;
+    uint32_t pool_idx;
+};
+
+/* Two cache lines: the handle, then its 8 step handles. */
 struct cs_child {
     uint8_t kind;               /* CS_K_PROXYOP or CS_K_KERNELCH */
     uint8_t is_send;
     uint8_t channel;
-    uint8_t armed;              /* ProxyOp: has seen a step, so it holds a ref on the op */
+    uint8_t armed;              /* ProxyOp: CS_ARM_*; a stepped ProxyOp holds a ref on its op */
     uint8_t owns;               /* ProxyOp: its flow slot currently shows this op */
     uint8_t reserved[3];
     uint32_t nsteps;
@@ -112,32 +160,49 @@ struct cs_child {
     uint64_t gpu_stop;          /* KernelCh: pTimer given with KernelChStop */
     struct cs_op *op;
     struct collscope_flow_slot *flow; /* NULL: no flow slot (table full) */
-    struct cs_step steps[CS_STEP_SLOTS];
+    struct cs_step steps[CS_STEP_SLOTS] __attribute__((aligned(64)));
 } __attribute__((aligned(64)));
+_Static_assert(sizeof(struct cs_child) == 128, "a ProxyOp handle is two cache lines");
+_Static_assert(offsetof(struct cs_child, pool_idx) == offsetof(struct cs_child_head, pool_idx) &&
+                   offsetof(struct cs_child, owns) == offsetof(struct cs_child_head, owns),
+               "cs_child_head is the start of cs_child");
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "cs_proxy_op_start packs struct cs_child_head little-endian"
+#endif
+_Static_assert(COLLSCOPE_FLOWS_PER_COMM < 255, "flow cache entries hold index + 1 in a byte");
 
 /* Fixed-size pool: a claim flag per entry and a roving cursor. An entry is reused only after
  * the cursor has gone round the whole pool, which also keeps a late event on a finished op
  * from landing on a new one in practice. */
 struct cs_pool {
-    _Atomic uint8_t *busy;
-    _Atomic uint32_t cursor;
-    uint32_t n;
+    _Atomic uint8_t *busy;      /* n flags, entry i of the pool is busy[i] */
+    uint32_t base;              /* pool index of busy[0] */
+    uint32_t n;                 /* a power of two */
+    _Atomic uint32_t cursor __attribute__((aligned(64))); /* its own line: no false sharing */
 };
 
+/* Per communicator. Fields written on the hot path by different threads (host: op pool
+ * cursor and serials; proxy threads: child pool cursors) sit on separate cache lines. */
 struct cs_ctx {
     uint64_t comm_hash;
     int32_t rank, nranks, nnodes;
     uint32_t api;
     uint8_t slot_index;         /* COLLSCOPE_NO_SLOT when no live slot */
-    char name[COLLSCOPE_NAME_LEN];
     struct collscope_comm_slot *slot;
-    _Atomic uint64_t next_serial;
-    _Atomic uint64_t p2p_count[2]; /* own seq of Send / Recv */
-    struct cs_pool op_pool;
-    struct cs_pool child_pool;
     struct cs_op *ops;
     struct cs_child *children;
-};
+    _Atomic uintptr_t owner;    /* cs_thread_id() of the proxy thread, 0 until known */
+    char name[COLLSCOPE_NAME_LEN];
+    _Atomic uint64_t next_serial __attribute__((aligned(64)));
+    _Atomic uint64_t p2p_count[2]; /* own seq of Send / Recv */
+    struct cs_pool op_pool;     /* host thread */
+    struct cs_pool child_pool;  /* children of non-owner threads: claimed by CAS */
+    struct cs_pool owner_pool;  /* children of the owner: claimed with plain stores */
+    /* flow slot index by (channel, direction, peer % 4): (key << 8) | (index + 1), 0 empty.
+     * A flow slot's key never changes while the context lives, so an entry whose key matches
+     * is right; a miss (or a collision) takes the hashed lookup in the ring and refills. */
+    _Atomic uint64_t flow_cache[CS_FLOW_CACHE] __attribute__((aligned(64)));
+} __attribute__((aligned(64)));
 
 /* Process-wide state. Set under cs_g.lock at the first successful init, read without the
  * lock by callbacks of contexts created afterwards. */
@@ -159,6 +224,16 @@ struct cs_global {
     /* CLOCK_REALTIME refreshed every CS_TICK_MS by the heartbeat thread, read by the hot path
      * instead of calling the clock (0: thread not running, call the vDSO coarse clock) */
     _Atomic int64_t coarse_now;
+    /* CLOCK_REALTIME from the CPU's counter (cs_now), calibrated by the heartbeat thread on
+     * every tick: realtime = base_ns + ((counter - base_tick) * mult) >> 32, valid while
+     * counter - base_tick < max_delta (100 ms). seq: seqlock, 0 = never published. Only
+     * used when the kernel itself keeps time with that counter (tsc / arch_sys_counter). */
+    int counter_ok;
+    _Atomic uint32_t clk_seq __attribute__((aligned(64)));
+    _Atomic uint64_t clk_base_tick;
+    _Atomic int64_t clk_base_ns;
+    _Atomic uint64_t clk_mult;
+    _Atomic uint64_t clk_max_delta;
 };
 
 #define CS_TICK_MS 10u
@@ -224,9 +299,24 @@ static inline void cs_seq_end(uint32_t *seqlock)
     atomic_store_explicit(CS_A32(seqlock), s + 1, memory_order_release);
 }
 
+/* The same pair for the hot path: the writer knows the value it stored (it is the only
+ * writer), so the end needs no second load. */
+static inline uint32_t cs_seq_open(uint32_t *seqlock)
+{
+    uint32_t s = cs_ld(CS_A32(seqlock)) + 1;
+    atomic_store_explicit(CS_A32(seqlock), s, memory_order_relaxed);
+    return s;
+}
+
+static inline void cs_seq_close(uint32_t *seqlock, uint32_t odd)
+{
+    atomic_store_explicit(CS_A32(seqlock), odd + 1, memory_order_release);
+}
+
 /* ---- pools ------------------------------------------------------------------------------ */
 
-/* Claim a free entry: O(CS_POOL_PROBES), one CAS when the pool is not crowded. -1: exhausted. */
+/* Claim a free entry: O(CS_POOL_PROBES), one CAS when the pool is not crowded. Returns the
+ * pool index (base + i), -1: exhausted. */
 static inline int64_t cs_pool_alloc(struct cs_pool *p)
 {
     uint32_t c = cs_ld(&p->cursor);
@@ -237,25 +327,109 @@ static inline int64_t cs_pool_alloc(struct cs_pool *p)
             atomic_compare_exchange_strong_explicit(&p->busy[i], &expected, 1,
                                                     memory_order_acquire,
                                                     memory_order_relaxed)) {
-            cs_st(&p->cursor, i + 1);
-            return (int64_t)i;
+            atomic_store_explicit(&p->cursor, i + 1, memory_order_relaxed);
+            return (int64_t)(p->base + i);
         }
     }
     return -1;
 }
 
+/* The same for a pool that only one thread claims from (the owner's; n and base are that
+ * pool's, given as constants by CS_OWNER_ALLOC): a free entry can only
+ * become busy through this thread, so load-then-store claims it. The acquire load pairs with
+ * the release store of cs_pool_free (possibly by another thread), ordering the previous
+ * user's writes to the entry before ours. */
+static inline int64_t cs_pool_alloc_single(struct cs_pool *p, uint32_t n, uint32_t base)
+{
+    uint32_t c = cs_ld(&p->cursor);
+    for (uint32_t k = 0; k < CS_POOL_PROBES; k++) {
+        uint32_t i = (c + k) & (n - 1);
+        if (atomic_load_explicit(&p->busy[i], memory_order_acquire) == 0) {
+            atomic_store_explicit(&p->busy[i], 1, memory_order_relaxed);
+            atomic_store_explicit(&p->cursor, i + 1, memory_order_relaxed);
+            return (int64_t)(base + i);
+        }
+    }
+    return -1;
+}
+
+/* the owner's half of a context's child pool (size and base are constants) */
+#define CS_OWNER_ALLOC(ctx) \
+    cs_pool_alloc_single(&(ctx)->owner_pool, CS_CHILD_POOL - CS_OWNER_POOL, CS_OWNER_POOL)
+
+/* i: the pool index returned by the alloc */
 static inline void cs_pool_free(struct cs_pool *p, uint32_t i)
 {
-    atomic_store_explicit(&p->busy[i], 0, memory_order_release);
+    atomic_store_explicit(&p->busy[i - p->base], 0, memory_order_release);
+}
+
+/* ---- threads ---------------------------------------------------------------------------- */
+
+/* A value unique to each live thread, one instruction on x86-64 and aarch64 (%fs base /
+ * tpidr_el0: the thread's control block). */
+static inline uintptr_t cs_thread_id(void)
+{
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__aarch64__))
+    return (uintptr_t)__builtin_thread_pointer();
+#else
+    return (uintptr_t)pthread_self();
+#endif
 }
 
 /* ---- clocks ----------------------------------------------------------------------------- */
 
-static inline int64_t cs_now(void)
+static inline int64_t cs_now_sys(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+#if defined(__x86_64__)
+#define CS_HAVE_COUNTER 1
+static inline uint64_t cs_counter(void)
+{
+    return __builtin_ia32_rdtsc();
+}
+#elif defined(__aarch64__)
+#define CS_HAVE_COUNTER 1
+static inline uint64_t cs_counter(void)
+{
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+}
+#else
+#define CS_HAVE_COUNTER 0
+static inline uint64_t cs_counter(void)
+{
+    return 0;
+}
+#endif
+
+/* Precise CLOCK_REALTIME (op start and completion times). The vDSO clock_gettime costs
+ * 30-70 ns (it orders the counter read against everything before it); reading the counter
+ * and scaling it with the heartbeat thread's calibration costs a few ns and tracks the same
+ * clock, NTP slewing included (re-based every 10 ms; error well below a microsecond). Falls
+ * back to clock_gettime before the first calibration, when the calibration is older than
+ * 100 ms, or when the counter is not the kernel's clocksource. */
+static inline int64_t cs_now(void)
+{
+#if CS_HAVE_COUNTER
+    uint32_t s = atomic_load_explicit(&cs_g.clk_seq, memory_order_acquire);
+    if (CS_LIKELY(s != 0 && (s & 1u) == 0)) {
+        uint64_t bt = atomic_load_explicit(&cs_g.clk_base_tick, memory_order_acquire);
+        int64_t bn = atomic_load_explicit(&cs_g.clk_base_ns, memory_order_acquire);
+        uint64_t m = atomic_load_explicit(&cs_g.clk_mult, memory_order_acquire);
+        uint64_t max = atomic_load_explicit(&cs_g.clk_max_delta, memory_order_acquire);
+        uint64_t d = cs_counter() - bt;
+        if (CS_LIKELY(atomic_load_explicit(&cs_g.clk_seq, memory_order_relaxed) == s &&
+                      d < max)) {
+            return bn + (int64_t)(uint64_t)(((unsigned __int128)d * m) >> 32);
+        }
+    }
+#endif
+    return cs_now_sys();
 }
 
 /* Hot path time for last-progress stamps: one load of the ticking time (resolution

@@ -186,6 +186,29 @@ static void fill_identity(struct collscope_ring_header *h, uint64_t file_bytes, 
     nccl_version(h);
 }
 
+/* cs_now may scale the CPU counter only if the kernel keeps time with it too: then the
+ * counter is invariant and synchronised across CPUs (the kernel checked). */
+static int counter_is_clocksource(void)
+{
+#if CS_HAVE_COUNTER
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "re");
+    if (f == NULL) {
+        return 0;
+    }
+    char name[64] = "";
+    int ok = fgets(name, sizeof(name), f) != NULL;
+    fclose(f);
+#if defined(__x86_64__)
+    const char *want = "tsc\n";
+#else
+    const char *want = "arch_sys_counter\n";
+#endif
+    return ok && strcmp(name, want) == 0;
+#else
+    return 0;
+#endif
+}
+
 int cs_ring_open(ncclDebugLogger_t logfn)
 {
     const char *dir = getenv("COLLSCOPE_TRACE_DIR");
@@ -249,6 +272,7 @@ int cs_ring_open(ncclDebugLogger_t logfn)
         return -1;
     }
     memset(map, 0, (size_t)bytes);  /* a reused tmpfs page is zero already; be explicit */
+    cs_g.counter_ok = counter_is_clocksource();
     struct collscope_ring_header *h = map;
     fill_identity(h, bytes, nev);
     union collscope_event *events =
@@ -274,7 +298,8 @@ void cs_ring_append(const union collscope_event *ev)
     if (i >= cs_g.event_count) {
         cs_count(&h->events_overwritten);
     }
-    union collscope_event *slot = &cs_g.events[i % cs_g.event_count];
+    uint64_t k = i % cs_g.event_count;
+    union collscope_event *slot = &cs_g.events[k];
     uint64_t words[COLLSCOPE_EVENT_BYTES / 8];
     memcpy(words, ev, sizeof(words));
     uint64_t *dst = (uint64_t *)(void *)slot;
@@ -283,6 +308,9 @@ void cs_ring_append(const union collscope_event *ev)
         cs_st(CS_A64(&dst[w]), words[w]);
     }
     atomic_store_explicit(CS_A64(&dst[0]), i, memory_order_release);
+    /* The next record's slot was last written a whole lap ago and is cold; fetch it for
+     * writing now, so that the next completion does not wait for it. */
+    __builtin_prefetch(&cs_g.events[k + 1 == cs_g.event_count ? 0 : k + 1], 1, 3);
 }
 
 /* ---- heartbeat ------------------------------------------------------------------------- */
@@ -293,13 +321,49 @@ static pthread_mutex_t hb_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Every CS_TICK_MS: refresh the hot path's time; every COLLSCOPE_HEARTBEAT_INTERVAL_MS:
  * the ring's heartbeat. About 100 wakeups a second while communicators are open. */
+/* Calibrate cs_now's counter against CLOCK_REALTIME (called every tick). The slope comes from
+ * the last two samples, so clock slewing by NTP is followed within a tick. */
+struct clk_sample {
+    uint64_t tick;
+    int64_t ns;
+};
+
+static int64_t clock_calibrate(struct clk_sample *prev)
+{
+    uint64_t t0 = cs_counter();
+    int64_t ns = cs_now_sys();
+    uint64_t t1 = cs_counter();
+    if (!cs_g.counter_ok) {
+        return ns;
+    }
+    struct clk_sample cur = {t0 + (t1 - t0) / 2, ns};
+    if (prev->tick != 0 && t1 - t0 > (cur.tick - prev->tick) / 4096) {
+        return ns;  /* preempted between the reads (over ~2 us of a 10 ms tick): skip it */
+    }
+    if (prev->tick != 0 && cur.tick > prev->tick && cur.ns > prev->ns) {
+        uint64_t dt = cur.tick - prev->tick;
+        uint64_t mult = (uint64_t)(((unsigned __int128)(uint64_t)(cur.ns - prev->ns) << 32) / dt);
+        uint64_t max_delta = mult == 0 ? 0 : (uint64_t)((100000000ull << 32) / mult);
+        uint32_t s = atomic_load_explicit(&cs_g.clk_seq, memory_order_relaxed);
+        atomic_store_explicit(&cs_g.clk_seq, s + 1, memory_order_relaxed);
+        atomic_store_explicit(&cs_g.clk_base_tick, cur.tick, memory_order_release);
+        atomic_store_explicit(&cs_g.clk_base_ns, cur.ns, memory_order_release);
+        atomic_store_explicit(&cs_g.clk_mult, mult, memory_order_release);
+        atomic_store_explicit(&cs_g.clk_max_delta, max_delta, memory_order_release);
+        atomic_store_explicit(&cs_g.clk_seq, s + 2, memory_order_release);
+    }
+    *prev = cur;
+    return ns;
+}
+
 static void *heartbeat_main(void *arg)
 {
     struct collscope_ring_header *h = arg;
     unsigned ticks = 0;
+    struct clk_sample prev = {0, 0};
     pthread_mutex_lock(&hb_lock);
     while (!cs_g.hb_stop) {
-        int64_t now = cs_now();
+        int64_t now = clock_calibrate(&prev);
         atomic_store_explicit(&cs_g.coarse_now, now, memory_order_relaxed);
         if (ticks++ % (COLLSCOPE_HEARTBEAT_INTERVAL_MS / CS_TICK_MS) == 0) {
             cs_st(CS_AI64(&h->heartbeat_ns), now);
@@ -343,7 +407,7 @@ int cs_heartbeat_start(void)
     pthread_mutex_lock(&hb_lock);
     cs_g.hb_stop = 0;
     pthread_mutex_unlock(&hb_lock);
-    atomic_store_explicit(&cs_g.coarse_now, cs_now(), memory_order_relaxed);
+    atomic_store_explicit(&cs_g.coarse_now, cs_now_sys(), memory_order_relaxed);
     /* the thread must not take signals meant for the application */
     sigset_t all, old;
     sigfillset(&all);
@@ -393,5 +457,8 @@ void cs_ring_forget_after_fork(void)
     cs_g.hb_stop = 0;
     cs_g.max_api = 0;
     atomic_store_explicit(&cs_g.coarse_now, 0, memory_order_relaxed);
+    /* no calibrating thread here: stale after 100 ms anyway, but disable it now (the seqlock
+     * value restarts from 0, which readers treat as "never published") */
+    atomic_store_explicit(&cs_g.clk_seq, 0, memory_order_relaxed);
     atomic_store(&cs_logged, 0);
 }

@@ -125,6 +125,12 @@ uint64_t ring_counter(const uint64_t *field)
     return atomic_load_explicit(A64(field), memory_order_acquire);
 }
 
+uint32_t ring_counter32(const uint32_t *field)
+{
+    return atomic_load_explicit((_Atomic uint32_t *)(void *)(uintptr_t)field,
+                                memory_order_acquire);
+}
+
 const struct collscope_comm_slot *ring_comm_slot(const struct ring *r, unsigned i)
 {
     const char *base = (const char *)r->hdr + r->hdr->comm_region_offset;
@@ -170,14 +176,27 @@ int ring_snap_comm(const struct ring *r, unsigned i, struct collscope_comm_slot 
     return 0;
 }
 
+/* The child counts a reader reports are the sums of each plain field and its `_other` twin
+ * (reader protocol §2, version 2): the snapshot folds them into the plain fields. */
 int ring_snap_op(const struct collscope_op_slot *src, struct collscope_op_slot *out)
 {
-    return snap(&src->seqlock, out, src, sizeof(*out));
+    int rc = snap(&src->seqlock, out, src, sizeof(*out));
+    out->kch_started += out->kch_started_other;
+    out->kch_done += out->kch_done_other;
+    out->proxy_ops_started += out->proxy_ops_started_other;
+    out->proxy_ops_done += out->proxy_ops_done_other;
+    return rc;
 }
 
+/* A QUEUED flow's step counters read as 0 (reader protocol §2, version 2). */
 int ring_snap_flow(const struct collscope_flow_slot *src, struct collscope_flow_slot *out)
 {
-    return snap(&src->seqlock, out, src, sizeof(*out));
+    int rc = snap(&src->seqlock, out, src, sizeof(*out));
+    if (out->state == COLLSCOPE_FLOW_QUEUED) {
+        out->started = out->c_ready_posted = out->c_sent_done = 0;
+        out->c_done_consumed = out->c_gpu_ready = 0;
+    }
+    return rc;
 }
 
 int ring_find_flow(const struct ring *r, unsigned comm, int channel, int peer, int dir,

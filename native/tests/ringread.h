@@ -42,5 +42,7 @@ size_t ring_read_events(const struct ring *r, uint64_t *cursor, union collscope_
                         size_t max, uint64_t *missed);
 
 uint64_t ring_counter(const uint64_t *field);
+/* a 32-bit live counter of a slot (op slot child counts), read atomically */
+uint32_t ring_counter32(const uint32_t *field);
 
 #endif /* COLLSCOPE_RINGREAD_H */

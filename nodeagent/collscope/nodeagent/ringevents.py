@@ -49,7 +49,7 @@ class OpEvent:
 class CommEvent:
     """A communicator was initialised (``kind="init"``) or finalized (``"finalize"``).
 
-    ``name`` is the communicator name truncated to 15 bytes; the comm slot holds it whole.
+    ``name`` is the communicator name truncated to 23 bytes; the comm slot holds it whole.
     """
 
     index: int
@@ -150,7 +150,7 @@ def _decode(
                     nnodes=r["nnodes"],
                     profiler_api=r["profiler_api"],
                     time_ns=check.time("time_ns", r["time_ns"]),
-                    name=check.text("name", r["name"], 16),
+                    name=check.text("name", r["name"], ringlayout.COMM_RECORD_NAME_LEN),
                 )
             )
         else:

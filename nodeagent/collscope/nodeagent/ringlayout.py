@@ -1,4 +1,4 @@
-"""The ring file's binary layout (version 1), mirrored from ``native/include/collscope_ring.h``.
+"""The ring file's binary layout (version 2), mirrored from ``native/include/collscope_ring.h``.
 
 The C header is the single source of truth (STYLE habit 11); this module only restates it as
 numpy structured dtypes and Python constants so that ``ring`` can read the file zero-copy.
@@ -29,13 +29,14 @@ import numpy as np
 from collscope.nodeagent import errors
 
 MAGIC: Final = 0x474E495250435343  # b"CSCPRING" read as a little-endian uint64
-VERSION: Final = 1
+VERSION: Final = 2
 HEADER_BYTES: Final = 4096
 EVENT_BYTES: Final = 64
 COMM_SLOTS: Final = 16
 OPS_PER_COMM: Final = 8
 FLOWS_PER_COMM: Final = 128
 NAME_LEN: Final = 64
+COMM_RECORD_NAME_LEN: Final = 24  # name bytes of a comm record, NUL included
 FUNC_COUNT: Final = 16
 
 # header.state
@@ -183,14 +184,16 @@ HEADER: Final = np.dtype(
         ("comms_open", "<u8"),
         ("comms_total", "<u8"),
         ("stale_flow_events", "<u8"),
-        ("reserved2", "<u8", (3,)),
+        ("kernel_foreign_events", "<u8"),
+        ("reserved2", "<u8", (2,)),
         ("pad", "u1", (HEADER_BYTES - 896,)),
     ]
 )
 
 # An op slot's seqlock covers bytes [0, 64); kch_started onwards are independent atomics
 # (header protocol §1), as are a comm slot's fields from ops_started on (its seqlock covers
-# the identity, [0, 128)).
+# the identity, [0, 128)). Each child count is the sum of a field and its ``_other`` twin
+# (version 2: events on the communicator's proxy thread / on any other thread).
 OP_SLOT: Final = np.dtype(
     [
         ("seqlock", "<u4"),
@@ -214,7 +217,11 @@ OP_SLOT: Final = np.dtype(
         ("proxy_ops_started", "<u4"),
         ("proxy_ops_done", "<u4"),
         ("last_progress_ns", "<i8"),
-        ("reserved2", "<u8", (5,)),
+        ("kch_started_other", "<u4"),
+        ("kch_done_other", "<u4"),
+        ("proxy_ops_started_other", "<u4"),
+        ("proxy_ops_done_other", "<u4"),
+        ("reserved2", "<u4", (6,)),
     ]
 )
 
@@ -292,15 +299,14 @@ COMM_RECORD: Final = np.dtype(
         ("idx", "<u8"),
         ("type", "u1"),
         ("profiler_api", "u1"),
-        ("reserved0", "u1", (5,)),
         ("comm_slot", "u1"),
-        ("comm_hash", "<u8"),
+        ("reserved0", "u1"),
         ("rank", "<i4"),
+        ("comm_hash", "<u8"),
+        ("time_ns", "<i8"),
         ("nranks", "<i4"),
         ("nnodes", "<i4"),
-        ("reserved1", "<u4"),
-        ("time_ns", "<i8"),
-        ("name", "S16"),
+        ("name", f"S{COMM_RECORD_NAME_LEN}"),
     ]
 )
 

@@ -43,6 +43,9 @@ class Status:
     heartbeat_count: int
     comms_open: int
     comms_total: int
+    # KernelCh stops seen off the communicator's proxy thread (header, version 2): NCCL emits
+    # none; nonzero means the plugin's one-thread-per-communicator assumption broke.
+    kernel_foreign_events: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,6 +170,14 @@ class Copies:
 
 
 _COUNTERS = [f for f in dataclasses.fields(Status) if f.name != "state"]
+# A flow slot's step counters: read as 0 while the flow is QUEUED (header protocol §2).
+_STEP_COUNTERS: Final = (
+    "started",
+    "c_ready_posted",
+    "c_sent_done",
+    "c_done_consumed",
+    "c_gpu_ready",
+)
 _OPS = ringlayout.field_offset(ringlayout.COMM_SLOT, "ops")
 _FLOWS = ringlayout.field_offset(ringlayout.COMM_SLOT, "flows")
 
@@ -186,6 +197,8 @@ def seqlock_copy(live: npt.NDArray[Any], retries: int) -> Copies:
     reads the seqlocks again; a slot whose two readings agree and are even is final. Later
     attempts re-read only the slots still unstable, so their window is a few microseconds.
     After ``retries`` attempts the remaining slots keep their latest copy, flagged torn.
+    The copies are the protocol's values: a QUEUED flow's step counters are zeroed (header
+    protocol §2, version 2: the writer leaves the previous op's there until the flow runs).
     """
     raw = live.view(np.uint8).reshape(len(live), live.dtype.itemsize)
     before = _seqlocks(live)
@@ -219,7 +232,12 @@ def seqlock_copy(live: npt.NDArray[Any], retries: int) -> Copies:
             s2 = view["seqlock"][idx]
             good = (s1 == s2) & (s1 % 2 == 0)
             want[tuple(i[good] for i in idx)] = False
-    return Copies(data, data["ops"], data["flows"], need[0], need[1], need[2], attempt)
+    flows = data["flows"]
+    queued = flows["state"] == ringlayout.FLOW_QUEUED
+    if queued.any():
+        for name in _STEP_COUNTERS:
+            flows[name][queued] = 0
+    return Copies(data, data["ops"], flows, need[0], need[1], need[2], attempt)
 
 
 def _seqlocks(live: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], ...]:
@@ -340,10 +358,11 @@ def _op(check: ringlayout.Checker, j: int, o: dict[str, Any], nranks: int, torn:
         peer=check.peer("peer", o["peer"], nranks) if p2p else None,
         start_ns=check.time("start_ns", o["start_ns"]),
         end_ns=check.time("end_ns", end) if state == "done" else None,
-        kch_started=o["kch_started"],
-        kch_done=o["kch_done"],
-        proxy_ops_started=o["proxy_ops_started"],
-        proxy_ops_done=o["proxy_ops_done"],
+        # each count: the proxy thread's field plus its `_other` twin (header, version 2)
+        kch_started=o["kch_started"] + o["kch_started_other"],
+        kch_done=o["kch_done"] + o["kch_done_other"],
+        proxy_ops_started=o["proxy_ops_started"] + o["proxy_ops_started_other"],
+        proxy_ops_done=o["proxy_ops_done"] + o["proxy_ops_done_other"],
         last_progress_ns=check.time("last_progress_ns", o["last_progress_ns"]),
         torn=torn,
     )

@@ -444,7 +444,10 @@ CORRUPT = {
     "p2p event peer": (_event(2, flags=ringlayout.OPF_P2P, peer=-1), "field 'peer'"),
     "comm event ranks": (_event(0, "init", nranks=0), "field 'nranks'"),
     "comm event nodes": (_event(0, "init", nnodes=0), "field 'nnodes'"),
-    "comm event name": (_event(0, "init", name=b"x" * 16), "field 'name'"),
+    "comm event name": (
+        _event(0, "init", name=b"x" * ringlayout.COMM_RECORD_NAME_LEN),
+        "field 'name'",
+    ),
 }
 
 
@@ -463,9 +466,14 @@ def test_corruption_is_reported_precisely(
     assert "\n" not in str(info.value)
 
 
-def test_unknown_version_is_a_version_mismatch(scenario: Builder, tmp_path: pathlib.Path) -> None:
-    scenario.header[0]["version"] = 2
-    with pytest.raises(errors.RingVersionMismatch, match="version 2, this reader reads version 1"):
+@pytest.mark.parametrize("version", [1, ringlayout.VERSION + 1])
+def test_unknown_version_is_a_version_mismatch(
+    version: int, scenario: Builder, tmp_path: pathlib.Path
+) -> None:
+    """A newer layout and the older version 1 (different op slot and comm record) alike."""
+    scenario.header[0]["version"] = version
+    want = f"version {version}, this reader reads version {ringlayout.VERSION}"
+    with pytest.raises(errors.RingVersionMismatch, match=want):
         open_ring(scenario, tmp_path)
 
 
@@ -519,3 +527,64 @@ def test_file_shrunk_while_open_is_corrupt_not_sigbus(
     lines = res.stdout.splitlines()
     assert len(lines) == 4
     assert all("file: file shrank to 8192 bytes while open" in line for line in lines)
+
+
+def test_child_counts_add_the_other_threads_counts(
+    scenario: Builder, tmp_path: pathlib.Path
+) -> None:
+    """Version 2: each op slot child count is its proxy-thread field plus its `_other` twin."""
+    scenario.op(
+        slot=2,
+        serial=1,
+        seq=17,
+        kch_started=2,
+        kch_done=1,
+        kch_started_other=1,
+        kch_done_other=1,
+        proxy_ops_started=3,
+        proxy_ops_started_other=2,
+        proxy_ops_done=1,
+        proxy_ops_done_other=1,
+    )
+    scenario.header[0]["kernel_foreign_events"] = 1
+    with open_ring(scenario, tmp_path) as r:
+        snap = r.snapshot()
+    op = snap.comms[0].in_flight()
+    assert op is not None
+    assert (op.kch_started, op.kch_done, op.proxy_ops_started, op.proxy_ops_done) == (3, 2, 5, 2)
+    assert snap.status.kernel_foreign_events == 1
+
+
+def test_comm_record_name_holds_23_bytes(scenario: Builder, tmp_path: pathlib.Path) -> None:
+    """Version 2 comm records keep 23 bytes of the communicator name (15 in version 1)."""
+    scenario.event(0, "init", name=b"tensor-parallel-group-0")
+    with open_ring(scenario, tmp_path) as r:
+        events, _, _ = r.events_since(0)
+    init = events[0]
+    assert isinstance(init, ringevents.CommEvent)
+    assert (init.name, init.rank, init.nranks, init.nnodes) == ("tensor-parallel-group-0", 1, 4, 2)
+
+
+def test_queued_flow_counters_read_as_zero(scenario: Builder, tmp_path: pathlib.Path) -> None:
+    """Version 2: a QUEUED flow may still hold its previous op's step counters; every reader
+    view (snapshot and the raw copies) shows them as 0."""
+    scenario.flow(
+        slot=9,
+        channel=3,
+        serial=2,
+        state=ringlayout.FLOW_QUEUED,
+        total=4,
+        started=8,
+        c_ready_posted=8,
+        c_sent_done=7,
+        c_done_consumed=6,
+        c_gpu_ready=5,
+    )
+    with open_ring(scenario, tmp_path) as r:
+        flow = next(f for f in r.snapshot().comms[0].flows if f.slot == 9)
+        _, copies, _ = r.live_copies()
+    assert (flow.state, flow.serial, flow.total) == ("queued", 2, 4)
+    counts = (flow.started, flow.ready_posted, flow.sent_done, flow.done_consumed)
+    assert (*counts, flow.gpu_ready) == (0, 0, 0, 0, 0)
+    raw = copies.flows[0, 9]
+    assert [int(raw[n]) for n in ("started", "c_ready_posted", "c_done_consumed")] == [0, 0, 0]
