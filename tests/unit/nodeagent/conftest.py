@@ -228,3 +228,124 @@ def scenario() -> RingBuilder:
     b.event(1, seq=15)
     b.event(2, seq=16)
     return b
+
+
+# -- the real plugin, for the agent's tests (issue 4) ----------------------------------------
+# tests/unit/native/conftest.py builds the plugin and mirrors NCCL's side of its ABI; conftest
+# modules cannot be imported by name under --import-mode=importlib, so it is loaded by path.
+
+
+def _native_conftest() -> Any:
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "native" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("collscope_native_conftest", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+native = _native_conftest()
+plugin_build = native.plugin_build  # the session fixture: `make -C native` once
+
+
+class PluginOp:
+    """One AllReduce driven through the plugin: proxy ops and kernel channels started."""
+
+    def __init__(self, rank: PluginRank, seq: int, nch: int, nsteps: int) -> None:
+        n = rank.nccl
+        self.rank, self.nch, self.nsteps = rank, nch, nsteps
+        self.handle, enqueued = n.enqueue(
+            rank.ctx, native.COLL, seqNumber=seq, func=b"AllReduce", count=1 << 20,
+            datatype=b"ncclFloat32", nChannels=nch, algo=b"RING", proto=b"SIMPLE",
+        )  # fmt: skip
+        enqueued()
+        self.proxy: dict[tuple[int, bool], Any] = {}
+        self.kernel: dict[int, Any] = {}
+        self.done_steps = 0
+        for ch in range(nch):
+            for send, peer in ((True, (rank.comm_rank + 1) % rank.nranks),
+                               (False, (rank.comm_rank - 1) % rank.nranks)):  # fmt: skip
+                h = n.proxy_op(rank.ctx, self.handle, ch, peer, nsteps, send=send)
+                n.record(h, native.PROXY_OP_IN_PROGRESS)
+                self.proxy[(ch, send)] = h
+            self.kernel[ch] = n.start(rank.ctx, native.KERNEL_CH, self.handle, channelId=ch)
+
+    def advance(self, steps: int = 1) -> None:
+        """``steps`` more chunks sent and received on every channel."""
+        n = self.rank.nccl
+        for step in range(self.done_steps, min(self.nsteps, self.done_steps + steps)):
+            for (_, send), h in self.proxy.items():
+                states = native.SEND_STATES if send else native.RECV_STATES
+                n.step(self.rank.ctx, h, step, states, True)
+        self.done_steps = min(self.nsteps, self.done_steps + steps)
+
+    def finish(self) -> None:
+        n = self.rank.nccl
+        self.advance(self.nsteps)
+        for h in self.proxy.values():
+            n.stop(h)
+        for ch, h in self.kernel.items():
+            n.record(h, native.KERNEL_CH_STOP, 50_000 + ch)
+            n.stop(h)
+
+
+class PluginRank:
+    """One training process: its own copy of the plugin, one communicator, one ring file."""
+
+    def __init__(self, nccl: Any, ctx: int, ring_path: pathlib.Path, comm_rank: int, nranks: int):
+        self.nccl, self.ctx, self.ring_path = nccl, ctx, ring_path
+        self.comm_rank, self.nranks = comm_rank, nranks
+        self.seq = 0
+
+    def allreduce(self, nch: int = 2, nsteps: int = 4) -> PluginOp:
+        """Start the next AllReduce (left in flight: ``advance``/``finish`` it)."""
+        self.seq += 1
+        return PluginOp(self, self.seq, nch, nsteps)
+
+    def complete(self, count: int = 1) -> None:
+        for _ in range(count):
+            self.allreduce().finish()
+
+
+@pytest.fixture
+def plugin_rank(
+    plugin_build: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """``plugin_rank(trace_dir, rank, world=4)``: a fresh plugin copy whose ring (256 KiB)
+    appears in ``trace_dir``, as rank ``rank`` (global = comm rank) of a job of ``world``."""
+    import shutil
+
+    made: list[Any] = []
+
+    def make(
+        trace_dir: pathlib.Path, rank: int, *, world: int = 4, api: int = 5, pod: str = ""
+    ) -> PluginRank:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        env = {
+            "COLLSCOPE_TRACE_DIR": str(trace_dir),
+            "COLLSCOPE_RING_BYTES": "256k",  # the minimum: tests never need more
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "POD_NAME": pod or f"train-{rank}",
+            "POD_NAMESPACE": "ml",
+            "NODE_NAME": "gpu-node-1",
+        }
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        lib = tmp_path / f"plugin-copy{len(made)}" / native.LIB_NAME
+        lib.parent.mkdir()
+        shutil.copy(plugin_build, lib)
+        nccl = native.Nccl(lib, api)
+        before = set(trace_dir.glob("*.ring"))
+        ctx = nccl.init(COMM, "dp0", 1, world, rank)  # the ring is created at the first init
+        (path,) = set(trace_dir.glob("*.ring")) - before
+        made.append(nccl)
+        return PluginRank(nccl, ctx, path, rank, world)
+
+    yield make
+    for nccl in made:
+        for ctx in list(nccl.contexts):
+            nccl.finalize(ctx)

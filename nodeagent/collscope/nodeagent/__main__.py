@@ -1,0 +1,186 @@
+"""``collscope-agent`` (also ``python -m collscope.nodeagent``): run the node agent, or export.
+
+::
+
+    collscope-agent [run] [--discovery directory --trace-root DIR] [--port 9464] ...
+    collscope-agent export [--agent http://127.0.0.1:9464] [--since T] [--until T] OUT.tar.gz
+
+``run`` reads ``Settings.from_env(os.environ)`` (variables in ``settings.py``); flags override
+them. ``export`` asks a *running* agent over HTTP (``GET /v1/export``) for a bundle-v1 of its
+window: only a running agent holds the window (rings keep completions, not past live state),
+so that is the one way to get the evidence it sampled. Times ``T``: ns since the epoch, ``now``,
+or relative, ``--since=-60s`` / ``--since=-5m`` (with ``=``: a bare ``-60s`` reads as a flag).
+Exit status: 0 ok, 1 runtime error, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import pathlib
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import httpx
+
+from collscope.nodeagent import agent, errors, settings
+
+log = logging.getLogger("collscope.nodeagent")
+_REL = re.compile(r"^-(\d+(?:\.\d+)?)([smh])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "export":
+            return _export(args)
+        config = configure(args, dict(os.environ))
+        logging.basicConfig(
+            level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        return _run(args, config)
+    except (errors.CollscopeError, httpx.HTTPError, OSError) as e:
+        print(f"collscope-agent: {e}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="collscope-agent", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="sample the rings of this node and serve the HTTP API")
+    _run_flags(run)
+    _run_flags(p)  # `collscope-agent --port 1` == `collscope-agent run --port 1`
+    ex = sub.add_parser("export", help="save a running agent's window as a bundle-v1 .tar.gz")
+    ex.add_argument("--agent", default="http://127.0.0.1:9464", help="the agent's base URL")
+    ex.add_argument("--since", default=None, help="ns, 'now' or '-60s' (default: all held)")
+    ex.add_argument("--until", default=None, help="ns, 'now' or '-10s' (default: now)")
+    ex.add_argument("--timeout-s", type=float, default=60.0)
+    ex.add_argument("out", type=pathlib.Path, help="the .tar.gz to write")
+    return p
+
+
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--discovery", choices=["kubelet", "directory"], default=argparse.SUPPRESS)
+    p.add_argument("--kubelet-pods-dir", default=argparse.SUPPRESS)
+    p.add_argument("--ring-volume", default=argparse.SUPPRESS)
+    p.add_argument("--trace-root", default=argparse.SUPPRESS)
+    p.add_argument("--host", default=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=argparse.SUPPRESS)
+    p.add_argument("--sample-interval-s", type=float, default=argparse.SUPPRESS)
+    p.add_argument("--window-s", type=float, default=argparse.SUPPRESS)
+    p.add_argument("--memory-cap-bytes", type=int, default=argparse.SUPPRESS)
+    p.add_argument("--node-name", default=argparse.SUPPRESS)
+    p.add_argument("--no-hardware", action="store_true", default=argparse.SUPPRESS)
+
+
+def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Settings:
+    """Environment first, then the flags given (``SUPPRESS``: only those present)."""
+    s = settings.Settings.from_env(env)
+    f = vars(args)
+    d = dataclasses.replace(
+        s.discovery,
+        **{
+            k: f[k]
+            for k in ("kubelet_pods_dir", "ring_volume", "trace_root")
+            if k in f and f[k] is not None
+        },
+    )
+    if "discovery" in f:
+        d = dataclasses.replace(d, mode=f["discovery"])
+    smp = s.sampling
+    if "sample_interval_s" in f:
+        smp = dataclasses.replace(smp, sample_interval_s=_positive("--sample-interval-s", f))
+    win = s.window
+    if "window_s" in f:
+        win = dataclasses.replace(win, window_s=_positive("--window-s", f))
+    if "memory_cap_bytes" in f:
+        win = dataclasses.replace(win, memory_cap_bytes=int(_positive("--memory-cap-bytes", f)))
+    srv = dataclasses.replace(
+        s.server,
+        **{n: f[k] for k, n in (("host", "listen_host"), ("port", "listen_port")) if k in f},
+    )
+    node = f.get("node_name", s.node_name)
+    return dataclasses.replace(s, node_name=node, discovery=d, sampling=smp, window=win, server=srv)
+
+
+def _positive(flag: str, f: dict[str, object]) -> float:
+    value = f[flag.lstrip("-").replace("-", "_")]
+    assert isinstance(value, int | float)
+    if value <= 0:
+        raise errors.SettingsError(flag, str(value), "must be positive")
+    return float(value)
+
+
+def _run(args: argparse.Namespace, config: settings.Settings) -> int:
+    hw = None if getattr(args, "no_hardware", False) else agent.default_hardware(config)
+    a = agent.Agent(
+        config,
+        hardware_sampler=hw,
+        stacks_dumper=agent.stacks_dumper(config.hardware.pyspy),
+        fr_dumper=agent.fr_dumper(),
+    )
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    a.start()
+    host, port = a.server.address
+    where = (
+        config.discovery.kubelet_pods_dir
+        if config.discovery.mode == "kubelet"
+        else config.discovery.trace_root
+    )
+    log.info(
+        "serving on http://%s:%d, %s discovery under %s", host, port, config.discovery.mode, where
+    )
+    done.wait()
+    a.stop()
+    return 0
+
+
+def parse_time(text: str | None, now_ns: int) -> int | None:
+    """``T`` of the export flags -> ns since the epoch (None stays None)."""
+    if text is None:
+        return None
+    if text == "now":
+        return now_ns
+    m = _REL.match(text)
+    if m:
+        return now_ns - int(float(m.group(1)) * _UNIT_S[m.group(2)] * 1e9)
+    try:
+        return int(text)
+    except ValueError as e:
+        raise errors.SettingsError("--since/--until", text, "ns, 'now' or like '-60s'") from e
+
+
+def _export(args: argparse.Namespace) -> int:
+    now = time.time_ns()
+    params = {
+        k: str(v)
+        for k, v in (
+            ("since", parse_time(args.since, now)),
+            ("until", parse_time(args.until, now)),
+        )
+        if v is not None
+    }
+    url = args.agent.rstrip("/") + "/v1/export"
+    r = httpx.get(url, params=params, timeout=args.timeout_s)
+    if r.status_code != 200:
+        print(f"collscope-agent: {url}: HTTP {r.status_code}: {r.text}", file=sys.stderr)
+        return 1
+    out: pathlib.Path = args.out
+    tmp = out.with_name(f".{out.name}.partial")
+    tmp.write_bytes(r.content)
+    tmp.replace(out)
+    print(f"wrote {out} ({len(r.content)} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

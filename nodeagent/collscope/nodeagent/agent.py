@@ -1,0 +1,143 @@
+"""The composition root: builds a running node agent from ``settings.Settings``.
+
+Wires discovery -> sampler -> window -> service -> HTTP server, plus the capabilities written in
+their own modules: ``hardware.Sampler`` (counters), ``stacks.dump`` (py-spy) and
+``flightrecorder.trigger`` (PyTorch's debug pipe). Tests build ``Agent`` with fakes of the same
+interface (``hardware=``, ``stacks=``, ``flightrecorder=``); ``main()`` with the real ones.
+
+Process ids: a ring header carries the writer's ``getpid()``, which is the host pid only when
+the training container shares the host's PID namespace; with ``hostPID: true`` on the agent and
+a normal training pod, the two differ: ``procs.host_pid`` maps them (``/proc/*/status`` NSpid,
+the pod uid in ``/proc/*/cgroup``) for py-spy, Flight Recorder and NVML's process list.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+import time
+from collections.abc import Callable, Sequence
+
+import pydantic
+
+from collscope.nodeagent import (
+    discovery,
+    flightrecorder,
+    hardware,
+    procs,
+    sampler,
+    server,
+    service,
+    settings,
+    stacks,
+    window,
+)
+
+
+class Agent:
+    """Everything one node runs; ``start()`` and ``stop()`` the threads."""
+
+    def __init__(
+        self,
+        config: settings.Settings,
+        *,
+        hardware_sampler: hardware.Sampler | service.Hardware | None = None,
+        stacks_dumper: service.Dumper | None = None,
+        fr_dumper: service.RankDumper | None = None,
+        proc_root: pathlib.Path | None = pathlib.Path("/proc"),
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.config = config
+        self.window = window.Window(
+            window_s=config.window.window_s, memory_cap_bytes=config.window.memory_cap_bytes
+        )
+        self.sampler = sampler.Sampler(
+            discovery.Discovery(config.discovery),
+            self.window,
+            config.sampling,
+            rescan_interval_s=config.discovery.rescan_interval_s,
+            clock_ns=clock_ns,
+        )
+        self.hardware = hardware_sampler
+        self.service = service.Service(
+            config.node_name,
+            self.sampler,
+            hardware=hardware_sampler,
+            stacks=stacks_dumper,
+            flightrecorder=fr_dumper,
+            host_pid=None if proc_root is None else functools.partial(_host_pid, proc_root),
+            clock_ns=clock_ns,
+        )
+        # Live while the loop ticked within 20 periods (and at least 5 s: a GC pause or a
+        # slow disk must not get the pod restarted).
+        live_s = max(5.0, 20 * config.sampling.sample_interval_s)
+        self.server = server.Server(
+            self.service,
+            config.server.listen_host,
+            config.server.listen_port,
+            live_max_age_s=live_s,
+        )
+
+    def start(self) -> None:
+        self.sampler.start()
+        if isinstance(self.hardware, hardware.Sampler):
+            self.hardware.start()
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+        if isinstance(self.hardware, hardware.Sampler):
+            self.hardware.stop()
+        self.sampler.stop()
+
+
+def _host_pid(proc_root: pathlib.Path, pid: int, pod_uid: str | None) -> int | None:
+    return procs.host_pid(pid, pod_uid, proc_root=proc_root)
+
+
+def default_hardware(config: settings.Settings) -> hardware.Sampler:
+    """The real hardware sampler: NVML, netlink and RDMA sysfs, each optional."""
+    return hardware.Sampler(
+        hardware.default_sources(sys_root=pathlib.Path(config.hardware.sys_root)),
+        node=config.node_name,
+        interval_s=config.hardware.hw_interval_s,
+        history_s=config.window.window_s,
+    )
+
+
+def stacks_dumper(pyspy: str) -> service.Dumper:
+    """``stacks.dump`` as the service calls it."""
+
+    def dump(pids: Sequence[int], timeout_s: float) -> pydantic.BaseModel:
+        return stacks.dump(pids, timeout_s=timeout_s, pyspy=pyspy)
+
+    return dump
+
+
+def fr_dumper(proc_root: pathlib.Path = pathlib.Path("/proc")) -> service.RankDumper:
+    """``flightrecorder.trigger`` for (rank, pid) pairs: each process's debug pipe is found in
+    its environment and reached through ``<proc_root>/<pid>/root`` (its mount namespace)."""
+
+    def dump(targets: Sequence[tuple[int, int]], timeout_s: float) -> pydantic.BaseModel:
+        found: list[flightrecorder.Target] = []
+        failed: list[flightrecorder.RankFailure] = []
+        for rank, pid in targets:
+            try:
+                raw = (proc_root / str(pid) / "environ").read_bytes()
+            except OSError as e:
+                failed.append(flightrecorder.RankFailure(rank=rank, reason=f"pid {pid}: {e}"))
+                continue
+            env = dict(
+                kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv
+            )
+            t = flightrecorder.target(rank, env, root=proc_root / str(pid) / "root")
+            if t is None:
+                reason = f"pid {pid}: {flightrecorder.PIPE_ENV} is not set"
+                failed.append(flightrecorder.RankFailure(rank=rank, reason=reason))
+            else:
+                found.append(t)
+        report = flightrecorder.trigger(found, timeout_s=timeout_s)
+        errs = sorted([*report.errors, *failed], key=lambda f: f.rank)
+        return report.model_copy(update={"errors": errs})
+
+    return dump

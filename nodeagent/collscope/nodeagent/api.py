@@ -1,0 +1,176 @@
+"""The agent's HTTP wire models (``/v1/``): public, the operator imports this module.
+
+Everything here is JSON over HTTP; times are CLOCK_REALTIME ns (``_ns``), durations carry their
+unit in the name. Fields are added, never renamed or removed, within ``v1``; unknown fields are
+ignored when reading, so an older operator can read a newer agent. Bundle records on the wire
+(``/v1/window``) are spec/bundle-v1.md lines, not models from this module.
+
+Endpoints (``server.py``)::
+
+    GET  /v1/ranks                                   RanksResponse
+    GET  /v1/summaries?ranks=1,2&window_s=5          SummariesResponse
+    GET  /v1/window?ranks=..&since=..&until=..       bundle-v1 records, application/x-ndjson
+    GET  /v1/hardware?since=..&until=..              HardwareResponse
+    POST /v1/stacks          StacksRequest           the stacks report (py-spy), as JSON
+    POST /v1/flightrecorder  FlightRecorderRequest   the Flight Recorder report, as JSON
+    GET  /v1/export?since=..&until=..                a bundle-v1 .tar.gz
+    GET  /metrics  /livez  /readyz                   Prometheus text, HealthResponse x2
+    any error                                        ErrorResponse (400, 404, 503, 500)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from collscope.nodeagent.bundle import models
+
+API_VERSION: Literal["v1"] = "v1"
+Health = Literal["opening", "live", "stale", "finalized", "error", "retired"]
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class RankInfo(_Wire):
+    """One ring on this node: who wrote it (identity from its header) and how it is doing.
+
+    ``health``: ``live`` (heartbeat fresh), ``stale`` (no heartbeat for ``stale_after_s``: the
+    process is wedged or dead, its last state is still served), ``finalized`` (all its
+    communicators closed), ``error`` (unreadable, see ``error``), ``retired`` (the file is
+    gone; what was read stays in the window), ``opening`` (not read yet).
+    """
+
+    rank: int | None
+    local_rank: int | None = None
+    world_size: int | None = None
+    pid: int | None = None  # the writer's pid in its own namespace (its ring header)
+    host_pid: int | None = None  # the same process on the host; None when not visible
+    hostname: str = ""
+    pod_name: str = ""
+    pod_namespace: str = ""
+    pod_uid: str | None = None
+    node: str = ""
+    ring_path: str
+    health: Health
+    error: str = ""
+    ring_errors: int = 0
+    events_missed: int = 0
+    heartbeat_ns: int | None = None
+    last_sample_ns: int | None = None
+    comms_open: int | None = None
+    nccl_version: str = ""
+    plugin_version: str = ""
+    window_from_ns: int | None = None
+    window_to_ns: int | None = None
+
+
+class RanksResponse(_Wire):
+    api: Literal["v1"] = API_VERSION
+    node: str
+    now_ns: int
+    ranks: list[RankInfo]
+
+
+class InFlightOp(_Wire):
+    """An operation in flight at the rank's latest sample, one per communicator.
+
+    ``idle_ns``: at the sample, the smallest ``idle_ns`` of its flows (time since anything of
+    the op moved), or the time since it started when it has no flows yet. ``stalled_ns`` adds
+    the age of the sample: the stall as of ``now_ns`` of the response.
+    """
+
+    comm: str
+    seq: int
+    op: str
+    bytes: int
+    start_ns: int
+    sampled_ns: int
+    idle_ns: int
+    stalled_ns: int
+    flows: int
+
+
+class CommActivity(_Wire):
+    """Completions of one communicator in the summary window."""
+
+    comm: str
+    ops: int
+    bytes: int
+    mean_interval_ns: float | None  # between consecutive completions; None under 2 ops
+
+
+class TriggerSummary(_Wire):
+    """What the operator's trigger (Mycroft Algorithm 1, CCL-D §4.2.1) needs of one rank over
+    ``(now - window_s, now]``: completions, throughput, op intervals and the op in flight."""
+
+    rank: int
+    window_s: float
+    from_ns: int
+    to_ns: int
+    health: Health
+    completed_ops: int
+    completed_bytes: int
+    throughput_bytes_per_s: float
+    mean_op_interval_ns: float | None  # mean over communicators of their mean interval
+    last_completion_ns: int | None  # latest completion held for the rank (any time)
+    comms: list[CommActivity]
+    in_flight: list[InFlightOp]  # most stalled first
+
+
+class SummariesResponse(_Wire):
+    api: Literal["v1"] = API_VERSION
+    node: str
+    now_ns: int
+    summaries: list[TriggerSummary]
+
+
+class HealthResponse(_Wire):
+    """``/livez`` and ``/readyz``: ``ok`` with 200, otherwise 503 and ``reason``."""
+
+    status: Literal["ok", "unavailable"]
+    reason: str = ""
+    last_tick_ns: int | None = None
+    tick_age_s: float | None = None
+    rings: int = 0
+
+
+class SourceInfo(_Wire):
+    """One hardware source: NVML, NIC counters, RDMA counters."""
+
+    name: str
+    available: bool
+    reason: str = ""
+
+
+class HardwareResponse(_Wire):
+    api: Literal["v1"] = API_VERSION
+    node: str
+    sources: list[SourceInfo]
+    records: list[models.HwRecord]
+    gpu_processes: dict[int, int] = Field(default_factory=dict)  # pid -> GPU index
+
+
+Seconds = Annotated[float, Field(gt=0, le=120)]
+
+
+class StacksRequest(_Wire):
+    """Which processes to dump: ranks on this node, or raw pids (both: the union)."""
+
+    ranks: list[int] | None = None
+    pids: list[int] | None = None
+    timeout_s: Seconds = 5.0
+
+
+class FlightRecorderRequest(_Wire):
+    """Ranks on this node whose Flight Recorder to dump (None: all)."""
+
+    ranks: list[int] | None = None
+    timeout_s: Seconds = 10.0
+
+
+class ErrorResponse(_Wire):
+    error: str
+    parameter: str | None = None

@@ -1,0 +1,295 @@
+"""What the agent answers, independent of HTTP: ranks, summaries, windows, hardware, exports.
+
+``Service`` ties the sampler and the window to the optional capabilities written elsewhere and
+injected here (STYLE habit 10), so that tests pass fakes with the same interface:
+
+- ``hardware``: ``collscope.nodeagent.hardware.Sampler`` (NVML, NIC and RDMA counters);
+- ``stacks``: ``collscope.nodeagent.stacks.dump`` (py-spy), called as ``stacks(pids, timeout_s)``;
+- ``flightrecorder``: a callable ``([(rank, pid), ...], timeout_s) -> report`` (PyTorch's dump
+  pipe; ``agent.flight_recorder`` adapts ``flightrecorder.trigger``).
+
+Each may be None: the matching endpoint then answers 503 with ``errors.UnavailableError``.
+``server.py`` maps this class to HTTP.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
+
+import pydantic
+
+from collscope.nodeagent import api, errors, sampler, summary, window
+from collscope.nodeagent.bundle import models, tables, writer
+
+_NS = 1_000_000_000
+_T = TypeVar("_T")
+
+
+class Hardware(Protocol):
+    """The part of ``hardware.Sampler`` the service uses."""
+
+    def window(self, since_ns: int, until_ns: int) -> list[models.HwRecord]: ...
+    def latest(self) -> list[models.HwRecord]: ...
+    def statuses(self) -> Sequence[Any]: ...  # objects with name, available, reason
+    def gpu_processes(self) -> dict[int, int]: ...
+
+
+Dumper = Callable[[Sequence[int], float], pydantic.BaseModel]
+RankDumper = Callable[[Sequence[tuple[int, int]], float], pydantic.BaseModel]
+
+
+class Service:
+    """The agent's answers; thread-safe (the HTTP server calls it from many threads)."""
+
+    def __init__(
+        self,
+        node: str,
+        loop: sampler.Sampler,
+        *,
+        hardware: Hardware | None = None,
+        stacks: Dumper | None = None,
+        flightrecorder: RankDumper | None = None,
+        host_pid: Callable[[int, str | None], int | None] | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.node = node
+        self.sampler = loop
+        self.window: window.Window = loop.window
+        self.hardware = hardware
+        self.stacks_dumper = stacks
+        self.flightrecorder_dumper = flightrecorder
+        self.clock_ns = clock_ns
+        # (pid in its namespace, pod uid) -> host pid; None: the namespaces are the same.
+        self._host_pid = host_pid
+        self._pid_cache: dict[tuple[int, int, str | None], int | None] = {}
+
+    # -- ranks and summaries --------------------------------------------------------------
+    def ranks(self) -> api.RanksResponse:
+        out = []
+        for t in self.sampler.rings():
+            i, s = t.identity, t.status
+            span = self.window.span(i.rank) if i is not None and i.rank is not None else None
+            out.append(
+                api.RankInfo(
+                    rank=None if i is None else i.rank,
+                    local_rank=None if i is None else i.local_rank,
+                    world_size=None if i is None else i.world_size,
+                    pid=None if i is None else i.pid,
+                    host_pid=self.host_pid(t),
+                    hostname="" if i is None else i.hostname,
+                    pod_name="" if i is None else i.pod_name,
+                    pod_namespace="" if i is None else i.pod_namespace,
+                    pod_uid=t.pod_uid,
+                    node=(i.node_name if i is not None and i.node_name else self.node),
+                    ring_path=t.path,
+                    health=_health(t.health),
+                    error=t.error,
+                    ring_errors=t.errors,
+                    events_missed=t.missed,
+                    heartbeat_ns=None if s is None else s.heartbeat_ns,
+                    last_sample_ns=t.last_sample_ns or None,
+                    comms_open=None if s is None else s.comms_open,
+                    nccl_version="" if i is None else i.nccl_version,
+                    plugin_version="" if i is None else i.plugin_version,
+                    window_from_ns=None if span is None else span[0],
+                    window_to_ns=None if span is None else span[1],
+                )
+            )
+        out.sort(key=lambda r: (r.rank is None, r.rank or 0, r.ring_path))
+        return api.RanksResponse(node=self.node, now_ns=self.clock_ns(), ranks=out)
+
+    def summaries(self, ranks: Sequence[int] | None, window_s: float) -> api.SummariesResponse:
+        now = self.clock_ns()
+        known = self._rank_rings()
+        wanted = sorted(known) if ranks is None else sorted(set(ranks))
+        for r in wanted:
+            if r not in known:
+                raise errors.QueryError("ranks", f"rank {r} has no ring on node {self.node}")
+        # The summary window plus two sampling periods' slack for the latest state sample.
+        slack = 2 * int(self.sampler.config.sample_interval_s * _NS)
+        since = now - int(window_s * _NS) - slack
+        view = self.window.bundle(_job(wanted), ranks=wanted, since_ns=since, until_ns=now)
+        out = []
+        for r in wanted:
+            rings = known[r]
+            sampled = max((t.last_sample_ns for t in rings), default=0) or None
+            out.append(
+                summary.summarize(
+                    view,
+                    r,
+                    now_ns=now,
+                    window_s=window_s,
+                    sampled_ns=sampled,
+                    health=_best(rings),
+                    last_completion_ns=self.window.last_completion(r),
+                )
+            )
+        return api.SummariesResponse(node=self.node, now_ns=now, summaries=out)
+
+    # -- records --------------------------------------------------------------------------
+    def window_lines(
+        self, ranks: Sequence[int] | None, since_ns: int | None, until_ns: int | None
+    ) -> Iterator[str]:
+        """bundle-v1 records as JSON-lines text blocks (writer's fast formatter)."""
+        b = self.bundle(ranks, since_ns, until_ns, with_hw=False)
+        return writer.record_blocks(b)
+
+    def bundle(
+        self,
+        ranks: Sequence[int] | None,
+        since_ns: int | None,
+        until_ns: int | None,
+        *,
+        with_hw: bool = True,
+    ) -> tables.Bundle:
+        hw: list[models.HwRecord] = []
+        if with_hw and self.hardware is not None:
+            hw = self.hardware.window(since_ns or 0, until_ns or self.clock_ns())
+        return self.window.bundle(
+            self.job(), ranks=ranks, since_ns=since_ns, until_ns=until_ns, hw=hw
+        )
+
+    def export(self, since_ns: int | None, until_ns: int | None) -> bytes:
+        """The window as a bundle-v1 ``.tar.gz`` (bytes), hardware samples included."""
+        b = self.bundle(None, since_ns, until_ns)
+        with tempfile.TemporaryDirectory(prefix="collscope-export-") as tmp:
+            out = writer.write(b, pathlib.Path(tmp) / f"collscope-{self.node}.tar.gz")
+            return out.read_bytes()
+
+    def job(self) -> models.Job:
+        """``job.json`` from what the agent knows: world size, and per rank node, pod, GPU."""
+        gpus = self.hardware.gpu_processes() if self.hardware is not None else {}
+        infos: dict[int, models.RankInfo] = {}
+        world = 1
+        for t in self.sampler.rings():
+            i = t.identity
+            if i is None or i.rank is None:
+                continue
+            world = max(world, i.world_size or 0, i.rank + 1)
+            infos[i.rank] = models.RankInfo(
+                rank=i.rank,
+                node=i.node_name or self.node,
+                pod=(f"{i.pod_namespace}/{i.pod_name}" if i.pod_namespace else i.pod_name) or None,
+                gpu=gpus.get(self.host_pid(t) or -1),
+            )
+        for r in self.window.ranks():
+            world = max(world, r + 1)
+        return models.Job(world_size=world, ranks=[infos[r] for r in sorted(infos)])
+
+    # -- hardware, stacks, Flight Recorder ------------------------------------------------
+    def hardware_samples(self, since_ns: int | None, until_ns: int | None) -> api.HardwareResponse:
+        hw = _need(self.hardware, "hardware counters")
+        records = hw.window(since_ns or 0, until_ns or self.clock_ns())
+        return api.HardwareResponse(
+            node=self.node,
+            sources=[
+                api.SourceInfo(name=s.name, available=s.available, reason=s.reason)
+                for s in hw.statuses()
+            ],
+            records=records,
+            gpu_processes=hw.gpu_processes(),
+        )
+
+    def stacks(self, req: api.StacksRequest) -> pydantic.BaseModel:
+        dump = _need(self.stacks_dumper, "stacks (py-spy)")
+        return dump(self._pids(req.ranks, req.pids), req.timeout_s)
+
+    def flightrecorder(self, req: api.FlightRecorderRequest) -> pydantic.BaseModel:
+        fr = _need(self.flightrecorder_dumper, "Flight Recorder")
+        known = self._rank_rings()
+        ranks = req.ranks if req.ranks is not None else sorted(known)
+        targets: list[tuple[int, int]] = []
+        for r in ranks:
+            rings = [t for t in known.get(r, []) if t.health != "retired" and t.identity]
+            if not rings:
+                raise errors.QueryError("ranks", f"rank {r} has no ring on node {self.node}")
+            targets += [(r, self._resolve(r, t)) for t in rings]
+        if not targets:
+            raise errors.QueryError("ranks", "no rank with a ring on this node")
+        return fr(targets, req.timeout_s)
+
+    # -- health ---------------------------------------------------------------------------
+    def livez(self, max_age_s: float) -> api.HealthResponse:
+        """Live while the sampling loop ticked within ``max_age_s``."""
+        st = self.sampler.stats
+        rings = len(self.sampler.rings())
+        if st.last_tick_ns == 0:
+            return api.HealthResponse(status="unavailable", reason="no tick yet", rings=rings)
+        age = (self.clock_ns() - st.last_tick_ns) / _NS
+        ok = age <= max_age_s
+        return api.HealthResponse(
+            status="ok" if ok else "unavailable",
+            reason="" if ok else f"last sampling tick {age:.1f} s ago (limit {max_age_s:g} s)",
+            last_tick_ns=st.last_tick_ns,
+            tick_age_s=age,
+            rings=rings,
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+    def host_pid(self, t: sampler.Tracked) -> int | None:
+        """The host pid of a ring's writer (cached per writer); None when not found."""
+        i = t.identity
+        if i is None:
+            return None
+        if self._host_pid is None:
+            return i.pid
+        key = (i.pid, i.init_ns, t.pod_uid)
+        if key not in self._pid_cache or self._pid_cache[key] is None:
+            self._pid_cache[key] = self._host_pid(i.pid, t.pod_uid)
+        return self._pid_cache[key]
+
+    def _resolve(self, rank: int, t: sampler.Tracked) -> int:
+        pid = self.host_pid(t)
+        if pid is None:
+            raise errors.QueryError(
+                "ranks",
+                f"rank {rank}: its process (pid {t.identity.pid if t.identity else '?'} "
+                "in its container) is not visible on this host (hostPID?)",
+            )
+        return pid
+
+    def _rank_rings(self) -> dict[int, list[sampler.Tracked]]:
+        out: dict[int, list[sampler.Tracked]] = {}
+        for t in self.sampler.rings():
+            if t.identity is not None and t.identity.rank is not None:
+                out.setdefault(t.identity.rank, []).append(t)
+        return out
+
+    def _pids(self, ranks: Sequence[int] | None, pids: Sequence[int] | None) -> list[int]:
+        out = set(pids or ())
+        known = self._rank_rings()
+        for r in ranks or ():
+            rings = [t for t in known.get(r, []) if t.health != "retired"]
+            if not rings:
+                raise errors.QueryError("ranks", f"rank {r} has no ring on node {self.node}")
+            out.update(self._resolve(r, t) for t in rings)
+        if not out:
+            raise errors.QueryError("ranks", "no rank or pid given")
+        return sorted(out)
+
+
+def _need(thing: _T | None, what: str) -> _T:
+    if thing is None:
+        raise errors.UnavailableError(f"{what}: not available on this agent")
+    return thing
+
+
+def _health(h: str) -> api.Health:
+    allowed: tuple[api.Health, ...] = ("opening", "live", "stale", "finalized", "error", "retired")
+    for a in allowed:
+        if a == h:
+            return a
+    return "error"
+
+
+def _best(rings: list[sampler.Tracked]) -> api.Health:
+    order = ("live", "stale", "finalized", "opening", "error", "retired")
+    return _health(min((t.health for t in rings), key=order.index))
+
+
+def _job(ranks: Sequence[int]) -> models.Job:
+    return models.Job(world_size=max(ranks, default=0) + 1)
