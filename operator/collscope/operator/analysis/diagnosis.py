@@ -132,7 +132,8 @@ class Culprit(_Model):
     e.g. ``job-3/dp-5``: one culprit per member GPU), ``switch`` (a switch name from
     ``flows.jsonl``) and ``endpoint`` (the flow endpoint id of a GPU). ``rank`` is then None
     when no GPU is meant (a job or a switch). The four are left out of the JSON when None, so
-    collective diagnoses print exactly as before.
+    collective diagnoses print exactly as before. Profiling analysis (``functions.jsonl``) adds
+    ``function``: the abnormal function on that rank, likewise left out when None.
     """
 
     rank: Annotated[int, Field(ge=0)] | None = None
@@ -149,6 +150,7 @@ class Culprit(_Model):
     group: str | None = None
     switch: str | None = None
     endpoint: str | None = None
+    function: str | None = None  # profiling analysis: the abnormal function (fn of functions.jsonl)
 
     @model_serializer(mode="wrap")
     def _omit_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -159,7 +161,7 @@ class Culprit(_Model):
         return data
 
 
-_CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint")
+_CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint", "function")
 
 
 class Diagnosis(_Model):

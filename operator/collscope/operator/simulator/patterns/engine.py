@@ -1,0 +1,84 @@
+"""Pattern bundles: ``cases.generate`` written as job.json, an empty records.jsonl.gz,
+functions.jsonl (spec/bundle-v1.md) and truth.json.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from collscope.nodeagent.bundle import models, tables, writer
+from collscope.operator.simulator.patterns import cases
+
+WINDOW_NS = 20_000_000_000  # EROICA §4.1: a 20 s profiling window
+
+
+class PatternTruth(BaseModel):
+    """truth.json of a pattern bundle (readers of the bundle ignore it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    case: str
+    workers: int
+    seed: int
+    expected_category: str | None
+    culprit_ranks: list[int]
+    culprit_fns: list[str]
+    detail: str
+
+
+def job(workers: int) -> models.Job:
+    g = cases.GPUS_PER_NODE
+    return models.Job(
+        job=f"patterns-{workers}",
+        world_size=workers,
+        ranks=[
+            models.RankInfo(rank=r, node=f"gpu-node-{r // g:04d}", gpu=r % g)
+            for r in range(workers)
+        ],
+    )
+
+
+def lines(p: cases.Patterns) -> str:
+    """functions.jsonl text: one line per (worker, function), worker-major."""
+    out = []
+    w, f = p.beta.shape
+    names = [(n.replace("\\", "\\\\").replace('"', '\\"'), k) for n, k, *_ in cases.FUNCTIONS]
+    b, m, s = (np.round(x, 5).tolist() for x in (p.beta, p.mu, p.sigma))
+    for r in range(w):
+        br, mr, sr = b[r], m[r], s[r]
+        for i in range(f):
+            n, k = names[i]
+            out.append(
+                f'{{"rank":{r},"fn":"{n}","kind":"{k}","beta":{br[i]},"mu":{mr[i]},'
+                f'"sigma":{sr[i]},"window_ns":{WINDOW_NS}}}\n'
+            )
+    return "".join(out)
+
+
+def write(
+    case: str, workers: int, seed: int, out: str | os.PathLike[str]
+) -> tuple[pathlib.Path, PatternTruth]:
+    p = cases.generate(case, workers, seed)
+    truth = PatternTruth(
+        case=case,
+        workers=workers,
+        seed=seed,
+        expected_category=p.expected_category,
+        culprit_ranks=list(p.culprit_ranks),
+        culprit_fns=list(p.culprit_fns),
+        detail=p.detail,
+    )
+    empty = tables.BundleBuilder(job(workers), source="<pattern simulator>").build()
+    path = writer.write(
+        empty,
+        out,
+        extra_files={
+            "functions.jsonl": lines(p),
+            "truth.json": truth.model_dump_json(indent=2) + "\n",
+        },
+    )
+    return path, truth
