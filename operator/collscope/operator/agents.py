@@ -209,8 +209,9 @@ async def pull_window(
 ) -> tuple[tables.Bundle, list[Unreachable]]:
     """The trigger window of ``ranks_by_node`` from their agents, in parallel, as one Bundle.
 
-    A node without a client, or whose agent fails, is listed in the second value; the bundle
-    holds what the others sent (analysis works with partial coverage).
+    A node without a client, or whose agent fails or answers with records that are not
+    bundle-v1, is listed in the second value; the bundle holds what the others sent (analysis
+    works with partial coverage).
     """
     calls = {
         node: clients[node].window_lines(ranks, since_ns=since_ns, until_ns=until_ns)
@@ -221,11 +222,19 @@ async def pull_window(
     failed += [
         Unreachable(n, "no agent known on this node") for n in ranks_by_node if n not in clients
     ]
-    sources = [
-        (f"{clients[node].base_url}/v1/window", lines) for node, lines in sorted(got.items())
-    ]
+    sources = {
+        node: (f"{clients[node].base_url}/v1/window", lines) for node, lines in sorted(got.items())
+    }
     try:
-        bundle = reader.load_lines(job, sources, label="agents")
-    except agent_errors.BundleError as e:
-        raise errors.AgentError(f"an agent's /v1/window is not bundle-v1: {e}") from e
+        bundle = reader.load_lines(job, sources.values(), label="agents")
+    except agent_errors.BundleError:
+        # Rare: find the agents whose answer is not bundle-v1 (one parse each), report them
+        # like unreachable ones and keep the others' records.
+        for node, source in list(sources.items()):
+            try:
+                reader.load_lines(job, [source], label="agents")
+            except agent_errors.BundleError as e:
+                failed.append(Unreachable(node, f"its /v1/window is not bundle-v1: {e}"))
+                del sources[node]
+        bundle = reader.load_lines(job, sources.values(), label="agents")
     return bundle, failed

@@ -2,9 +2,11 @@
 
     collscope simulate --ranks 64 --fault nic-down --seed 3 --out ./bundle
     collscope simulate --kind flows --gpus 512 --flow-fault congested-switch --out ./fabric
+    collscope simulate --kind patterns --workers 3400 --pattern-case pin-memory --out ./prof
     collscope analyze ./bundle [--json]
     collscope demo
     collscope ring dump /run/collscope/collscope-node7-pid4242-0.ring [MORE.ring ...]
+    collscope uncordon NODE | collscope breaker show|reset --by NAME   (node_commands.py)
 
 Exit codes: 0 analysed (anomaly or not) / simulated / demo diagnosed correctly; 1 the demo's
 diagnosis disagreed with the injected truth; 2 bad input or bad arguments, with one line on
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from collscope.nodeagent import ring, ringrecords, ringstate
 from collscope.nodeagent.bundle import reader, writer
-from collscope.operator import errors, flow_commands, report
+from collscope.operator import errors, flow_commands, node_commands, pattern_commands, report
 from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis import engine as analysis
 from collscope.operator.analysis.flows import engine as flow_analysis
@@ -73,12 +75,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--kind",
-        choices=["collective", "flows"],
+        choices=["collective", "flows", "patterns"],
         default="collective",
-        help="what to simulate: one job's collective traces, or network flows of a fabric",
+        help="what to simulate: one job's collective traces, network flows of a fabric, or "
+        "per-worker function behaviour patterns (functions.jsonl)",
     )
     _add_sim_options(sim)
     flow_commands.add_options(sim)
+    pattern_commands.add_options(sim)
     sim.add_argument(
         "--out",
         required=True,
@@ -102,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
         "k-sigma across steps, DP groups and switches). With both, the collective "
         "diagnosis leads when it finds an anomaly and the flow culprits and evidence "
         "(prefixed 'flows:') follow; when only the flows show one, the flow diagnosis is "
-        "the result.",
+        "the result. A bundle with functions.jsonl gets EROICA's localisation of abnormal "
+        "functions (alone, or folded in after the other analyses, prefixed 'functions:').",
     )
     ana.add_argument("bundle", type=Path, help="bundle directory or .tar.gz")
     ana.add_argument(
@@ -161,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
         help="global rank of the writer of a single FILE whose process had no RANK set",
     )
     dump.set_defaults(func=_cmd_ring_dump)
+    node_commands.add_parsers(sub)
     return p
 
 
@@ -268,6 +274,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if args.fault != "none":
             raise errors.SimulationError("--fault is for --kind collective; use --flow-fault")
         return flow_commands.simulate(args)
+    if args.kind == "patterns":
+        if args.fault != "none":
+            raise errors.SimulationError("--fault is for --kind collective; use --pattern-case")
+        return pattern_commands.simulate(args)
     cfg = sim_config(args)
     t0 = time.perf_counter()
     result = simulator.simulate(cfg)
@@ -296,14 +306,18 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     bundle = reader.load(args.bundle)
     flows = flow_table.FlowTable.from_flows(reader.iter_net_flows(args.bundle))
+    patterns = pattern_commands.read(args.bundle)
     collective = len(bundle.comms) + len(bundle.ops) + len(bundle.states) > 0
+    result: diagnosis.Diagnosis | None = None
     if len(flows) and not collective:
         result = flow_analysis.diagnose_flows(flows, job=bundle.job)
-    else:
+    elif collective or not len(patterns):
         result = analysis.diagnose(bundle)
         if len(flows):
             flow_result = flow_analysis.diagnose_flows(flows, job=bundle.job)
             result = flow_analysis.combine(result, flow_result)
+    result = pattern_commands.merge(result, patterns, bundle.job)
+    assert result is not None  # one of the analyses ran
     if args.json:
         print(result.to_json())
     else:

@@ -10,6 +10,7 @@ Hierarchy::
     ├── InvalidTransition(ValueError)             a Diagnosis phase change that is not allowed
     ├── RemediationError(ValueError)              node marks that cannot be planned or undone
     ├── PolicyError(ValueError)                   a policy or breaker setting out of range
+    ├── SettingsError(ValueError)                 an operator environment variable unusable
     ├── KubeError                                 the Kubernetes API failed (kube.py maps it)
     └── AgentError                                a node agent answered badly (agents.py maps it)
         └── AgentUnreachable                      ... or could not be reached at all
@@ -71,3 +72,7 @@ class AgentError(CollscopeError):
 
 class AgentUnreachable(AgentError):  # noqa: N818 - reads as the fact it reports
     """A node agent could not be reached (connection refused, timeout) after every retry."""
+
+
+class SettingsError(CollscopeError, ValueError):
+    """An environment variable of the operator that cannot be used; ``str()`` names it."""

@@ -10,7 +10,9 @@ Handlers are attached to a registry by ``register`` (no import-time registration
 ``__main__`` choose the registry); the API adapter arrives in ``memo.kube`` and the names of
 TrainingJobs known to exist in ``memo.trainingjobs`` (a set), which saves an API call per pod
 event. ``on.event`` errors are only logged by kopf, so failures here are logged and the next
-event of the same pod tries again. ``memo.locks`` serialises the pods of one workload.
+event of the same pod tries again. ``memo.locks`` serialises the pods of one workload. Each
+opted-in pod's node and host IP are noted in ``memo.pods`` (``jobs.Pods``) under its
+TrainingJob, where the trigger loop (``trigger_loop.py``) finds the agents of the job's nodes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import kopf
 
-from collscope.operator import errors, ids, kube, owners
+from collscope.operator import errors, ids, jobs, kube, owners
 
 PARALLELISM_ANNOTATION = "collscope.dev/parallelism"
 
@@ -38,7 +40,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
 def memo_for(api: kube.Kube) -> kopf.Memo:
     """The operator's shared state, passed to ``kopf.operator(memo=...)``."""
-    return kopf.Memo(kube=api, trainingjobs=set(), locks={})
+    return kopf.Memo(kube=api, trainingjobs=set(), locks={}, pods=jobs.Pods())
 
 
 async def opted_in_pod(
@@ -50,7 +52,9 @@ async def opted_in_pod(
 ) -> None:
     """Make sure the workload of an opted-in pod has its TrainingJob."""
     meta = body.get("metadata") or {}
+    pods: jobs.Pods = memo.pods
     if event.get("type") == "DELETED" or not owners.is_opted_in(meta):
+        pods.forget(str(meta.get("namespace", "")), str(meta.get("name", "")))
         return
     api: kube.Kube = memo.kube
     known: set[tuple[str, str]] = memo.trainingjobs
@@ -67,6 +71,14 @@ async def opted_in_pod(
         )
         return
     name = owners.trainingjob_name(owner)
+    pod_status = body.get("status") or {}
+    place = jobs.PodPlace(
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        node=str((body.get("spec") or {}).get("nodeName") or ""),
+        host_ip=str(pod_status.get("hostIP") or ""),
+    )
+    pods.note((namespace, name), place)
     # kopf handles pods concurrently: the pods of one workload wait for each other here, so the
     # TrainingJob is created once instead of once plus a 409 per pod.
     locks: dict[tuple[str, str], asyncio.Lock] = memo.locks

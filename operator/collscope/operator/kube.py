@@ -97,3 +97,134 @@ class Kube:
         except urllib3.exceptions.HTTPError as e:
             raise errors.KubeError(f"creating TrainingJob in {namespace}: {e}") from e
         return True
+
+
+DIAGNOSES = "diagnoses"
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+def _failed(what: str, e: Exception) -> errors.KubeError:
+    reason = e.reason if isinstance(e, kubernetes.client.ApiException) else str(e)
+    return errors.KubeError(f"{what}: {reason}")
+
+
+class Cluster(Kube):
+    """The calls of the trigger loop, the Diagnosis handlers and remediation.
+
+    A subclass so the TrainingJob auto-creation above keeps its small surface; ``__main__``
+    builds this one. Every answer is a plain dict; not found is ``None`` where that is normal.
+    """
+
+    def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
+        super().__init__(api_client)
+        self._core = kubernetes.client.CoreV1Api(api_client)
+
+    async def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise _failed(what, e) from e
+        except urllib3.exceptions.HTTPError as e:
+            raise _failed(what, e) from e
+
+    async def create_diagnosis(self, body: Mapping[str, Any]) -> bool:
+        """Create a Diagnosis; False when one of that name exists (the dedupe of incidents)."""
+        ns = body["metadata"]["namespace"]
+        what = f"creating Diagnosis {ns}/{body['metadata']['name']}"
+        try:
+            await asyncio.to_thread(
+                self._objects.create_namespaced_custom_object,
+                GROUP, VERSION, ns, DIAGNOSES, dict(body),
+            )  # fmt: skip
+        except kubernetes.client.ApiException as e:
+            if e.status == 409:
+                return False
+            raise _failed(what, e) from e
+        except urllib3.exceptions.HTTPError as e:
+            raise _failed(what, e) from e
+        return True
+
+    async def patch_status(
+        self, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge ``status`` into the object's status subresource."""
+        await self._call(
+            f"patching {plural} {namespace}/{name} status",
+            self._objects.patch_namespaced_custom_object_status,
+            GROUP, VERSION, namespace, plural, name, {"status": dict(status)},
+            _content_type=MERGE_PATCH,
+        )  # fmt: skip
+
+    async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = await self._call(
+            f"reading TrainingJob {namespace}/{name}",
+            self._objects.get_namespaced_custom_object,
+            GROUP, VERSION, namespace, TRAININGJOBS, name,
+        )  # fmt: skip
+        return None if obj is None else dict(obj)
+
+    async def get_node(self, name: str) -> dict[str, Any] | None:
+        """A Node as the API server sends it (camelCase keys), None when gone."""
+        client = self._core.api_client
+        obj = await self._call(f"reading Node {name}", self._core.read_node, name)
+        return None if obj is None else dict(client.sanitize_for_serialization(obj))
+
+    async def count_nodes(self) -> int:
+        nodes = await self._call("listing Nodes", self._core.list_node)
+        return 0 if nodes is None else len(nodes.items or [])
+
+    async def patch_node(self, name: str, ops: list[dict[str, Any]]) -> None:
+        """Apply a JSON Patch (RFC 6902) to a Node (``remediation.plan``/``undo``)."""
+        await self._call(
+            f"patching Node {name}", self._core.patch_node, name, ops, _content_type=JSON_PATCH
+        )
+
+    async def read_configmap(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The ``data`` of a ConfigMap, None when it does not exist."""
+        cm = await self._call(
+            f"reading ConfigMap {namespace}/{name}",
+            self._core.read_namespaced_config_map, name, namespace,
+        )  # fmt: skip
+        return None if cm is None else dict(cm.data or {})
+
+    async def write_configmap(self, namespace: str, name: str, data: Mapping[str, str]) -> None:
+        """Create the ConfigMap, or merge ``data`` into it when it exists."""
+        body = kubernetes.client.V1ConfigMap(
+            metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace),
+            data=dict(data),
+        )
+        what = f"writing ConfigMap {namespace}/{name}"
+        try:
+            await asyncio.to_thread(self._core.create_namespaced_config_map, namespace, body)
+            return
+        except kubernetes.client.ApiException as e:
+            if e.status != 409:
+                raise _failed(what, e) from e
+        except urllib3.exceptions.HTTPError as e:
+            raise _failed(what, e) from e
+        await self._call(
+            what, self._core.patch_namespaced_config_map, name, namespace, {"data": dict(data)},
+            _content_type=MERGE_PATCH,
+        )  # fmt: skip
+
+    @classmethod
+    def from_environment_cluster(cls, kubeconfig: str | None = None) -> Cluster:
+        """``kubeconfig`` when given; else in a pod its service account, elsewhere the current
+        kubeconfig context. ``KubeError`` when none can be loaded."""
+        conf = kubernetes.client.Configuration()
+        try:
+            if kubeconfig is None:
+                try:
+                    kubernetes.config.load_incluster_config(conf)  # type: ignore[no-untyped-call]
+                    return cls(kubernetes.client.ApiClient(conf))
+                except kubernetes.config.ConfigException:
+                    pass
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=conf
+            )
+        except (kubernetes.config.ConfigException, OSError) as e:
+            raise errors.KubeError(f"no cluster to talk to: {e}") from e
+        return cls(kubernetes.client.ApiClient(conf))

@@ -167,12 +167,27 @@ def test_pull_window_merges_nodes_and_names_missing_ones() -> None:
     assert [(f.node, f.reason) for f in failed] == [("node-9", "no agent known on this node")]
 
 
-def test_pull_window_rejects_lines_that_are_not_bundle_v1() -> None:
-    def handler(req: httpx.Request) -> httpx.Response:
+def test_pull_window_reports_agents_whose_lines_are_not_bundle_v1() -> None:
+    def bad(req: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b'{"type": "op", "rank": 0}\n')
 
-    job = models.Job.model_validate({"schema": "collscope.bundle/v1", "job": "j", "world_size": 1})
-    with pytest.raises(errors.AgentError, match=r"http://agent.test:9464/v1/window:1"):
-        asyncio.run(
-            agents.pull_window({"n": client(handler)}, {"n": [0]}, job, since_ns=0, until_ns=1)
+    def good(req: httpx.Request) -> httpx.Response:
+        rec = {"type": "comm", "rank": 1, "ts": T0, "comm": "0x1f", "comm_rank": 1,
+               "nranks": 2, "nnodes": 2, "name": "dp"}  # fmt: skip
+        return httpx.Response(200, content=json.dumps(rec).encode() + b"\n")
+
+    job = models.Job.model_validate({"schema": "collscope.bundle/v1", "job": "j", "world_size": 2})
+    bundle, failed = asyncio.run(
+        agents.pull_window(
+            {"n": client(bad), "m": client(good)},
+            {"n": [0], "m": [1]},
+            job,
+            since_ns=0,
+            until_ns=T0 + 1,
         )
+    )
+    assert bundle.comms["rank"].tolist() == [1]  # the good agent's records are kept
+    ((node, reason),) = [(f.node, f.reason) for f in failed]
+    assert (
+        node == "n" and "not bundle-v1" in reason and "http://agent.test:9464/v1/window:1" in reason
+    )

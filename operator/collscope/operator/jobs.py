@@ -1,0 +1,252 @@
+"""What the operator keeps in memory per TrainingJob between trigger ticks, and the pure steps
+of a tick (no kopf, no HTTP: the handler modules do the I/O).
+
+- ``PodPlace``: an opted-in pod of the job and the node it runs on, recorded by the pod event
+  handler (``handlers.opted_in_pod``); ``Pods`` keeps them per job.
+- Agent discovery (``AgentDirectory``): a node's agent URL from a template over the node name
+  and the pods' ``status.hostIP`` (the DaemonSet listens on the host network, port 9464), or
+  any other callable of the same shape (tests map nodes to in-process agents).
+- Rank mapping (``rank_placement``): the rings each node's agent lists (``/v1/ranks``) whose
+  pod is one of the job's pods on that node.
+- ``JobRuntime``: the sample (``sampling.Sampler``), the trigger (``analysis.trigger``, Mycroft
+  Algorithm 1 §4.3) fed once per tick with the sampled ranks' records, and the incidents seen.
+- Incident naming (``incident_of``/``diagnosis_name``): one Diagnosis per job and incident, the
+  name derived from (kind, communicator, sequence), so creating it twice answers 409.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from collscope.nodeagent import api
+from collscope.nodeagent.bundle import models, tables
+from collscope.operator import groups, ids, sampling
+from collscope.operator.analysis import engine, trigger
+
+# (node name, host IP or "") -> base URL of that node's agent, or None when unknown.
+AgentDirectory = Callable[[str, str], str | None]
+
+
+def template_directory(template: str) -> AgentDirectory:
+    """``http://{node_ip}:9464``-style discovery; None for a node without an IP if needed."""
+
+    def url(node: str, node_ip: str) -> str | None:
+        if "{node_ip}" in template and not node_ip:
+            return None
+        return template.format(node=node, node_ip=node_ip)
+
+    return url
+
+
+@dataclass(frozen=True)
+class PodPlace:
+    name: str
+    uid: str
+    node: str  # "" while unscheduled
+    host_ip: str
+
+
+JobKey = tuple[str, str]  # (namespace, TrainingJob name)
+
+
+@dataclass
+class Pods:
+    """Opted-in pods per TrainingJob, and the job of each pod (to forget deleted pods)."""
+
+    by_job: dict[JobKey, dict[str, PodPlace]] = field(default_factory=dict)
+    job_of: dict[tuple[str, str], JobKey] = field(default_factory=dict)
+
+    def note(self, job: JobKey, place: PodPlace) -> None:
+        self.by_job.setdefault(job, {})[place.name] = place
+        self.job_of[(job[0], place.name)] = job
+
+    def forget(self, namespace: str, pod: str) -> None:
+        job = self.job_of.pop((namespace, pod), None)
+        if job is not None:
+            self.by_job.get(job, {}).pop(pod, None)
+
+    def nodes(self, job: JobKey) -> dict[str, str]:
+        """node -> host IP of the job's scheduled pods."""
+        return {p.node: p.host_ip for p in self.by_job.get(job, {}).values() if p.node}
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    rank: ids.Rank
+    node: ids.NodeName
+    pod: str
+    pod_uid: str
+
+
+def rank_placement(
+    namespace: str, pods: Mapping[str, PodPlace], answers: Mapping[str, api.RanksResponse]
+) -> dict[ids.Rank, RankPlace]:
+    """Rings of the job's pods, from each node's ``/v1/ranks`` (a ring counts on the node whose
+    agent lists it, and only when its pod is one of the job's pods scheduled there)."""
+    out: dict[ids.Rank, RankPlace] = {}
+    for node, answer in sorted(answers.items()):
+        for info in answer.ranks:
+            pod = pods.get(info.pod_name)
+            if info.rank is None or pod is None or pod.node != node:
+                continue
+            if info.pod_namespace and info.pod_namespace != namespace:
+                continue
+            if info.health in ("error", "retired"):
+                continue
+            out[ids.Rank(info.rank)] = RankPlace(
+                ids.Rank(info.rank), ids.NodeName(node), pod.name, info.pod_uid or pod.uid
+            )
+    return out
+
+
+def bundle_job(name: str, ranks: Mapping[ids.Rank, RankPlace]) -> models.Job:
+    """The ``job.json`` of a pulled window: world size and where each rank runs."""
+    world = max(ranks, default=0) + 1
+    return models.Job(
+        job=name,
+        world_size=world,
+        ranks=[models.RankInfo(rank=r, node=p.node, pod=p.pod) for r, p in sorted(ranks.items())],
+    )
+
+
+def by_node(
+    ranks: Iterable[ids.Rank], placement: Mapping[ids.Rank, RankPlace]
+) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r in sorted(ranks):
+        if r in placement:
+            out.setdefault(placement[r].node, []).append(int(r))
+    return out
+
+
+def members_of(bundle: tables.Bundle) -> list[groups.CommMember]:
+    """Communicator memberships from the ``comm`` records of a pulled window (the agents
+    send them with every window), for group inference (``groups.infer``)."""
+    out = []
+    for row in bundle.comms:
+        name = int(row["name"])
+        out.append(
+            groups.CommMember(
+                comm=ids.CommHash(bundle.comm_id(int(row["comm"]))),
+                rank=ids.Rank(int(row["rank"])),
+                comm_rank=ids.CommRank(int(row["comm_rank"])),
+                nranks=int(row["nranks"]),
+                name=bundle.string(name) if name >= 0 else "",
+            )
+        )
+    return out
+
+
+NO_GROUPS = groups.JobGroups("inferred", (), (), (), ())
+
+
+@dataclass
+class JobRuntime:
+    """One TrainingJob's trigger state; lives in ``memo.jobs`` while the operator runs."""
+
+    pods_seen: frozenset[PodPlace] = frozenset()
+    ranks: dict[ids.Rank, RankPlace] = field(default_factory=dict)
+    discovered_at_s: float = float("-inf")
+    sampler: sampling.Sampler = field(default_factory=sampling.Sampler)
+    sample: tuple[ids.Rank, ...] = ()
+    state: trigger.TriggerState | None = None
+    last_tick_s: float = float("-inf")
+    incidents: set[str] = field(default_factory=set)  # Diagnoses this job opened
+    groups: groups.JobGroups = NO_GROUPS  # inferred at discovery from communicator membership
+
+    def needs_discovery(self, pods: Mapping[str, PodPlace], now_s: float, every_s: float) -> bool:
+        """Ask the agents again: the pods changed, or some pod has no rank yet (rings appear
+        when the process initialises NCCL) and ``every_s`` passed."""
+        if frozenset(pods.values()) != self.pods_seen:
+            return True
+        missing = {p.name for p in pods.values() if p.node} - {r.pod for r in self.ranks.values()}
+        return bool(missing) and now_s - self.discovered_at_s >= every_s
+
+    def set_max_ranks(self, max_ranks: int) -> None:
+        """The job's ``spec.diagnosis.sampling.maxRanks``; a change chooses the sample again."""
+        if max_ranks != self.sampler.max_ranks:
+            self.sampler = sampling.Sampler(max_ranks)
+
+    def resample(
+        self, trigger_settings: trigger.TriggerSettings, job_groups: Any
+    ) -> tuple[ids.Rank, ...]:
+        """Choose the sample (``sampling``); a new sample starts a fresh trigger state."""
+        placement = {
+            r: sampling.Placement(ids.PodUID(p.pod_uid), p.node) for r, p in self.ranks.items()
+        }
+        chosen, changed = self.sampler.update(placement, job_groups)
+        if changed or self.state is None:
+            self.sample = chosen.ranks
+            self.state = trigger.TriggerState(tuple(int(r) for r in chosen.ranks), trigger_settings)
+        return self.sample
+
+
+def incident_of(hit: trigger.TriggerResult, comm_id: str | None) -> str:
+    """The dedupe key of a trigger: a hang is one (communicator, operation); a slowdown is one
+    per communicator (it lasts many operations)."""
+    if hit.kind == "hang":
+        return f"hang/{comm_id or '-'}/{hit.seq if hit.seq is not None else '-'}"
+    return f"slow/{comm_id or '-'}"
+
+
+def diagnosis_name(job: str, incident: str) -> str:
+    """``<job>-<kind>-<8 hex>``: stable per (job, incident), within the 253-char name limit."""
+    digest = hashlib.sha256(f"{job}\0{incident}".encode()).hexdigest()[:8]
+    kind = incident.split("/", 1)[0]
+    return f"{job[: 253 - len(kind) - 10]}-{kind}-{digest}"
+
+
+def diagnosis_body(
+    namespace: str,
+    job: str,
+    job_uid: str | None,
+    *,
+    trigger_kind: str,
+    incident: str,
+    detected_at: str,
+    window_s: float,
+) -> dict[str, Any]:
+    """A Diagnosis the trigger loop creates, owned by its TrainingJob (deleted with it)."""
+    meta: dict[str, Any] = {
+        "name": diagnosis_name(job, incident),
+        "namespace": namespace,
+        "labels": {"collscope.dev/trainingjob": job, "app.kubernetes.io/managed-by": "collscope"},
+    }
+    if job_uid:
+        meta["ownerReferences"] = [
+            {"apiVersion": "collscope.dev/v1alpha1", "kind": "TrainingJob", "name": job,
+             "uid": job_uid, "controller": True, "blockOwnerDeletion": False}
+        ]  # fmt: skip
+    return {
+        "apiVersion": "collscope.dev/v1alpha1",
+        "kind": "Diagnosis",
+        "metadata": meta,
+        "spec": {
+            "trainingJob": {"name": job},
+            "trigger": trigger_kind,
+            "incident": incident[:253],
+            "detectedAt": detected_at,
+            "windowSeconds": window_s,
+        },
+    }
+
+
+def analysis_settings(spec: Mapping[str, Any]) -> engine.AnalysisSettings:
+    """The engine's settings with a TrainingJob's trigger overrides applied."""
+    trig = ((spec.get("diagnosis") or {}).get("trigger")) or {}
+    base = engine.AnalysisSettings()
+    t = base.trigger
+    changes: dict[str, Any] = {}
+    if "hangFloorSeconds" in trig:
+        changes["hang_floor_s"] = float(trig["hangFloorSeconds"])
+    if "throughputDrop" in trig:
+        changes["throughput_drop"] = float(trig["throughputDrop"])
+    if "intervalGrowth" in trig:
+        changes["interval_growth"] = float(trig["intervalGrowth"])
+    if not changes:
+        return base
+    return dataclasses.replace(base, trigger=dataclasses.replace(t, **changes))

@@ -1,0 +1,147 @@
+"""Settings of collscope-operator: frozen dataclasses grouped by concern, read once from the
+environment by ``Settings.from_env()`` (called from ``__main__.main``, never at import).
+
+Environment (every variable optional; the bad one is named in ``SettingsError``):
+
+- ``COLLSCOPE_TRIGGER_INTERVAL_S`` (1): how often the trigger loop runs per TrainingJob;
+- ``COLLSCOPE_TRIGGER_WINDOW_S`` (5): seconds of records pulled per tick from sampled ranks;
+- ``COLLSCOPE_DIAGNOSIS_WINDOW_S`` (10): seconds pulled around a trigger for root cause;
+- ``COLLSCOPE_AGENT_URL`` (``http://{node_ip}:9464``): where a node's agent listens; a template
+  with ``{node}`` (node name) and ``{node_ip}`` (the pod's ``status.hostIP``);
+- ``COLLSCOPE_AGENT_TIMEOUT_S`` (1), ``COLLSCOPE_AGENT_RETRIES`` (1);
+- ``COLLSCOPE_NAMESPACE`` (``collscope-system``): where the breaker ConfigMap lives;
+- ``COLLSCOPE_REMEDIATION`` (``{}``): the Helm ``remediation:`` values as JSON (camelCase keys
+  of ``policy.RemediationPolicy``);
+- ``COLLSCOPE_BREAKER_MAX_CORDONS`` (2), ``COLLSCOPE_BREAKER_WINDOW_S`` (3600),
+  ``COLLSCOPE_BREAKER_MAX_FRACTION`` (0.05);
+- ``COLLSCOPE_METRICS_PORT`` (9465; 0 disables), ``COLLSCOPE_HEALTH_PORT`` (8080; 0 disables);
+- ``COLLSCOPE_WEBHOOK_PORT`` (0 = no injection webhook; the chart uses 9443),
+  ``COLLSCOPE_WEBHOOK_CERT_DIR`` (``tls.crt``/``tls.key`` of a cert-manager Secret; empty: plain
+  HTTP, for a TLS-terminating proxy or tests), ``COLLSCOPE_PLUGIN_IMAGE`` (the image holding
+  the plugin, copied into pods by the injected init container).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from collscope.operator import breaker, errors, injection, policy
+
+DEFAULT_AGENT_URL: Final = "http://{node_ip}:9464"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TriggerLoopSettings:
+    # Mycroft polls the sampled ranks every second (DESIGN.md §5); a TrainingJob may ask for
+    # a longer interval (spec.diagnosis.trigger.intervalSeconds), never a shorter one.
+    interval_s: float = 1.0
+    # Records per tick: the trigger window Δ (2 s) plus margin for a late agent sample.
+    window_s: float = 5.0
+    # Re-ask the agents which ranks they hold at most this often while some pod has no rank.
+    rediscover_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    # The DaemonSet uses hostNetwork and port 9464, so the node's IP reaches it.
+    url_template: str = DEFAULT_AGENT_URL
+    timeout_s: float = 1.0  # below the trigger interval: one slow agent must not hold a tick
+    retries: int = 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    trigger: TriggerLoopSettings = field(default_factory=TriggerLoopSettings)
+    agents: AgentSettings = field(default_factory=AgentSettings)
+    # History pulled for root cause: enough for the stall, Δ and the slow baseline (engine).
+    diagnosis_window_s: float = 10.0
+    # py-spy per rank on an anomaly (the agent's own limit; the HTTP call waits 2 s longer).
+    stacks_timeout_s: float = 3.0
+    namespace: str = "collscope-system"
+    breaker_configmap: str = "collscope-breaker"
+    remediation: policy.RemediationPolicy = field(default_factory=policy.RemediationPolicy)
+    breaker: breaker.BreakerSettings = field(default_factory=breaker.BreakerSettings)
+    metrics_port: int = 9465
+    health_port: int = 8080
+    webhook_port: int = 0
+    webhook_cert_dir: str = ""
+    injection: injection.InjectionSettings = field(default_factory=injection.InjectionSettings)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        """Settings from ``env`` (pass ``os.environ``); defaults for what is absent."""
+
+        def get(name: str, parse: Callable[[str], T], default: T) -> T:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                return parse(raw)
+            except (ValueError, errors.PolicyError) as e:
+                raise errors.SettingsError(f"{name}={raw!r}: {e}") from e
+
+        d = cls()
+        b = d.breaker
+        template = get("COLLSCOPE_AGENT_URL", _template, d.agents.url_template)
+        return cls(
+            trigger=TriggerLoopSettings(
+                interval_s=get("COLLSCOPE_TRIGGER_INTERVAL_S", _positive, d.trigger.interval_s),
+                window_s=get("COLLSCOPE_TRIGGER_WINDOW_S", _positive, d.trigger.window_s),
+            ),
+            agents=AgentSettings(
+                url_template=template,
+                timeout_s=get("COLLSCOPE_AGENT_TIMEOUT_S", _positive, d.agents.timeout_s),
+                retries=get("COLLSCOPE_AGENT_RETRIES", int, d.agents.retries),
+            ),
+            diagnosis_window_s=get("COLLSCOPE_DIAGNOSIS_WINDOW_S", _positive, 10.0),
+            namespace=get("COLLSCOPE_NAMESPACE", str, d.namespace),
+            remediation=get("COLLSCOPE_REMEDIATION", _policy, d.remediation),
+            breaker=_breaker(
+                max_cordons=get("COLLSCOPE_BREAKER_MAX_CORDONS", int, b.max_cordons),
+                window_s=get("COLLSCOPE_BREAKER_WINDOW_S", _positive, b.window_s),
+                max_fraction=get("COLLSCOPE_BREAKER_MAX_FRACTION", float, b.max_fraction),
+            ),
+            metrics_port=get("COLLSCOPE_METRICS_PORT", int, d.metrics_port),
+            health_port=get("COLLSCOPE_HEALTH_PORT", int, d.health_port),
+            webhook_port=get("COLLSCOPE_WEBHOOK_PORT", int, d.webhook_port),
+            webhook_cert_dir=get("COLLSCOPE_WEBHOOK_CERT_DIR", str, d.webhook_cert_dir),
+            injection=injection.InjectionSettings(
+                image=get("COLLSCOPE_PLUGIN_IMAGE", str, d.injection.image)
+            ),
+        )
+
+
+def _breaker(*, max_cordons: int, window_s: float, max_fraction: float) -> breaker.BreakerSettings:
+    try:
+        return breaker.BreakerSettings(
+            max_cordons=max_cordons, window_s=window_s, max_fraction=max_fraction
+        )
+    except errors.PolicyError as e:
+        names = "COLLSCOPE_BREAKER_MAX_CORDONS, _WINDOW_S or COLLSCOPE_BREAKER_MAX_FRACTION"
+        raise errors.SettingsError(f"{names}: {e}") from e
+
+
+def _positive(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be > 0")
+    return value
+
+
+def _template(raw: str) -> str:
+    try:
+        raw.format(node="n", node_ip="127.0.0.1")
+    except (KeyError, IndexError) as e:
+        raise ValueError(f"only {{node}} and {{node_ip}} may appear ({e})") from e
+    return raw
+
+
+def _policy(raw: str) -> policy.RemediationPolicy:
+    values = json.loads(raw)
+    if not isinstance(values, dict):
+        raise ValueError("must be a JSON object")
+    return policy.RemediationPolicy.from_values(values)

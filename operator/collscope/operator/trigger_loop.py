@@ -1,0 +1,331 @@
+"""kopf handlers: the trigger loop of every TrainingJob (DESIGN.md §5, Mycroft §4.3).
+
+A ``kopf.timer`` on trainingjobs runs every ``settings.trigger.interval_s`` (1 s by default; a
+job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rarer). One tick:
+
+1. the job's pods and nodes come from ``memo.pods`` (noted by ``handlers.opted_in_pod``);
+2. when they changed (or a pod has no rank yet), each node's agent is asked ``/v1/ranks`` and
+   the rings of the job's pods give rank -> node (``jobs.rank_placement``); agents are found
+   through ``memo.directory`` (``jobs.AgentDirectory``: a URL template over node name and host
+   IP by default);
+   at the same time one empty-range window of every rank brings its ``comm`` records, from
+   which the groups are inferred (``groups.infer``) unless ``spec.parallelism`` declares them;
+3. the sample (``spec.diagnosis.sampling.maxRanks``, default 10; >= 1 per DP group, spread
+   over nodes) is kept or chosen again;
+4. the last ``window_s`` of the sampled ranks' records are pulled from their agents in
+   parallel (``agents.pull_window``) and fed to the job's ``analysis.trigger.TriggerState``
+   (kept in ``memo.jobs``), which runs Mycroft Algorithm 1;
+5. on a trigger, a Diagnosis named after the incident is created (409 = already open: one per
+   job and incident); ``diagnosis_handlers`` analyses it;
+6. the status (ranks, sample, health, ``AgentsReachable`` condition naming unreachable nodes,
+   last trigger) is patched when it changed. An unreachable agent is never fatal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from collscope.operator import (
+    agents,
+    errors,
+    groups,
+    ids,
+    jobs,
+    kube,
+    metrics,
+    sampling,
+    settings,
+    status,
+)
+from collscope.operator.analysis import trigger
+
+NS = 1_000_000_000
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+status_mod = status  # the module; ``status`` is kopf's kwarg inside handlers
+
+
+def register(registry: kopf.OperatorRegistry, config: settings.Settings) -> None:
+    kopf.timer(
+        kube.GROUP, kube.VERSION, kube.TRAININGJOBS,
+        interval=config.trigger.interval_s, id="trigger", registry=registry,
+    )(tick)  # fmt: skip
+    kopf.on.cleanup(registry=registry)(close_clients)
+    kopf.on.delete(
+        kube.GROUP, kube.VERSION, kube.TRAININGJOBS, id="forget", optional=True, registry=registry
+    )(forget)
+
+
+async def forget(*, name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """A deleted TrainingJob's trigger state goes (no finalizer of its own: ``optional``)."""
+    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
+    runtimes.pop((namespace or "", name), None)
+
+
+def add_to_memo(
+    memo: kopf.Memo,
+    *,
+    config: settings.Settings,
+    directory: jobs.AgentDirectory,
+    meters: metrics.OperatorMetrics,
+) -> kopf.Memo:
+    """Add what the trigger loop and the Diagnosis handlers share to ``handlers.memo_for``'s."""
+    memo.settings = config
+    memo.directory = directory
+    memo.metrics = meters
+    memo.jobs = {}
+    memo.clients = {}
+    memo.diagnoses_seen = set()
+    return memo
+
+
+def client_for(memo: kopf.Memo, node: str, host_ip: str) -> agents.AgentClient | None:
+    """The (cached) client of a node's agent; None when the directory does not know it."""
+    directory: jobs.AgentDirectory = memo.directory
+    url = directory(node, host_ip)
+    if url is None:
+        return None
+    cache: dict[tuple[str, str], agents.AgentClient] = memo.clients
+    client = cache.get((node, url))
+    if client is None:
+        cfg: settings.Settings = memo.settings
+        client = agents.AgentClient(
+            node, url, timeout_s=cfg.agents.timeout_s, retries=cfg.agents.retries
+        )
+        cache[(node, url)] = client
+    return client
+
+
+async def close_clients(memo: kopf.Memo, **_: Any) -> None:
+    cache: dict[tuple[str, str], agents.AgentClient] = memo.clients
+    for client in cache.values():
+        await client.aclose()
+    cache.clear()
+
+
+def clients_of(memo: kopf.Memo, key: jobs.JobKey) -> dict[str, agents.AgentClient]:
+    pods: jobs.Pods = memo.pods
+    out = {}
+    for node, ip in pods.nodes(key).items():
+        c = client_for(memo, node, ip)
+        if c is not None:
+            out[node] = c
+    return out
+
+
+def note_failures(memo: kopf.Memo, failed: list[agents.Unreachable]) -> None:
+    meters: metrics.OperatorMetrics = memo.metrics
+    for f in failed:
+        meters.agent_errors.labels(node=f.node).inc()
+
+
+async def discover(
+    memo: kopf.Memo, key: jobs.JobKey, rt: jobs.JobRuntime, now_s: float
+) -> list[agents.Unreachable]:
+    """Rank -> node of the job from its nodes' agents (``/v1/ranks``)."""
+    pods: jobs.Pods = memo.pods
+    places = dict(pods.by_job.get(key, {}))
+    clients = clients_of(memo, key)
+    nodes = pods.nodes(key)
+    answers, failed = await agents.gather({n: c.ranks() for n, c in clients.items()})
+    failed += [
+        agents.Unreachable(n, "no agent URL for this node") for n in nodes if n not in clients
+    ]
+    rt.ranks = jobs.rank_placement(key[0], places, answers)
+    rt.pods_seen = frozenset(places.values())
+    rt.discovered_at_s = now_s
+    if rt.ranks:  # the comm records come with any window, even an empty range
+        t_ns = time.time_ns()
+        try:
+            bundle, more = await agents.pull_window(
+                clients, jobs.by_node(rt.ranks, rt.ranks), jobs.bundle_job(key[1], rt.ranks),
+                since_ns=t_ns, until_ns=t_ns,
+            )  # fmt: skip
+        except errors.CollscopeError as e:
+            more = [agents.Unreachable("-", f"communicators: {e}")]
+        else:
+            nodes_of = {r: p.node for r, p in rt.ranks.items()}
+            world = max(rt.ranks) + 1
+            rt.groups = groups.infer(jobs.members_of(bundle), world, nodes_of)
+        failed += [f for f in more if f.node not in {x.node for x in failed}]
+    return failed
+
+
+def job_groups(spec: Mapping[str, Any], rt: jobs.JobRuntime) -> groups.JobGroups:
+    """Declared groups when ``spec.parallelism`` fits the ranks found; else those inferred from
+    communicator membership at discovery (none yet: sampling spreads over nodes)."""
+    par = spec.get("parallelism")
+    world = max(rt.ranks, default=-1) + 1
+    if par and world > 0:
+        try:
+            parsed = groups.parse(",".join(f"{k}={v}" for k, v in par.items()))
+            d = groups.declared(parsed, world)
+            return groups.JobGroups("declared", rt.groups.comms, d.tp, d.pp, d.dp)
+        except errors.ParallelismError:
+            pass
+    return rt.groups
+
+
+async def tick(
+    *,
+    name: str,
+    namespace: str | None,
+    uid: str,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    meta: kopf.Meta,
+    patch: kopf.Patch,
+    memo: kopf.Memo,
+    logger: Logger,
+    **_: Any,
+) -> None:
+    cfg: settings.Settings = memo.settings
+    meters: metrics.OperatorMetrics = memo.metrics
+    namespace = namespace or ""
+    key = (namespace, name)
+    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
+    rt = runtimes.setdefault(key, jobs.JobRuntime())
+    every_s = float(((spec.get("diagnosis") or {}).get("trigger") or {}).get("intervalSeconds", 0))
+    now_s = time.monotonic()
+    if now_s - rt.last_tick_s < max(every_s, cfg.trigger.interval_s) * 0.9:
+        return
+    rt.last_tick_s = now_s
+    meters.ticks.inc()
+    pods: jobs.Pods = memo.pods
+    unreachable: list[agents.Unreachable] = []
+    if rt.needs_discovery(pods.by_job.get(key, {}), now_s, cfg.trigger.rediscover_s):
+        unreachable += await discover(memo, key, rt, now_s)
+    analysis = jobs.analysis_settings(spec)
+    max_ranks = int(((spec.get("diagnosis") or {}).get("sampling") or {}).get("maxRanks", 0))
+    rt.set_max_ranks(max_ranks or sampling.DEFAULT_MAX_RANKS)
+    chosen_groups = job_groups(spec, rt)
+    sample = rt.resample(analysis.trigger, chosen_groups)
+    hit: trigger.TriggerResult | None = None
+    health: status_mod.Health = "Unknown"
+    last_trigger: dict[str, Any] | None = None
+    if sample and rt.state is not None:
+        t_ns = time.time_ns()
+        try:
+            bundle, failed = await agents.pull_window(
+                clients_of(memo, key),
+                jobs.by_node(sample, rt.ranks),
+                jobs.bundle_job(name, rt.ranks),
+                since_ns=t_ns - int(cfg.trigger.window_s * NS),
+                until_ns=t_ns,
+            )
+        except errors.CollscopeError as e:  # e.g. a rank beyond the world size seen so far
+            logger.warning("trigger tick of %s/%s: %s", namespace, name, e)
+            rt.pods_seen = frozenset()  # discover again on the next tick
+            return
+        unreachable += failed
+        if len(failed) < len(jobs.by_node(sample, rt.ranks)):
+            hit = rt.state.update(bundle, t_ns)
+            health = "Healthy" if hit is None else ("Hung" if hit.kind == "hang" else "Slow")
+            if hit is not None:
+                comm = None if hit.comm is None else bundle.comm_id(hit.comm)
+                last_trigger = await _open_incident(
+                    memo, rt=rt, namespace=namespace, name=name, uid=uid, hit=hit, comm=comm,
+                    cfg=cfg, logger=logger, body=body,
+                )  # fmt: skip
+    note_failures(memo, unreachable)
+    now = datetime.datetime.now(datetime.UTC)
+    new = _job_status(
+        rt, current=status, meta=meta, health=health, hit=hit, unreachable=unreachable, now=now,
+        job_groups=chosen_groups if rt.ranks else None,
+    )  # fmt: skip
+    if last_trigger is not None:
+        new["lastTrigger"] = last_trigger
+    if any(status.get(k) != v for k, v in new.items()):
+        patch.status.update(new)
+
+
+async def _open_incident(
+    memo: kopf.Memo,
+    *,
+    rt: jobs.JobRuntime,
+    namespace: str,
+    name: str,
+    uid: str | None,
+    hit: trigger.TriggerResult,
+    comm: str | None,
+    cfg: settings.Settings,
+    logger: Logger,
+    body: kopf.Body,
+) -> dict[str, Any] | None:
+    """Create the incident's Diagnosis once; the ``lastTrigger`` status entry when new."""
+    incident = jobs.incident_of(hit, comm)
+    diag = jobs.diagnosis_name(name, incident)
+    if diag in rt.incidents:
+        return None
+    detected = datetime.datetime.fromtimestamp(hit.at_ns / NS, datetime.UTC)
+    doc = jobs.diagnosis_body(
+        namespace, name, uid, trigger_kind=hit.kind, incident=incident,
+        detected_at=status.timestamp(detected), window_s=cfg.diagnosis_window_s,
+    )  # fmt: skip
+    api: kube.Cluster = memo.kube
+    try:
+        created = await api.create_diagnosis(doc)
+    except errors.KubeError as e:
+        logger.warning("cannot create Diagnosis %s: %s", diag, e)
+        return None
+    rt.incidents.add(diag)
+    if created:
+        meters: metrics.OperatorMetrics = memo.metrics
+        meters.triggers.labels(kind=hit.kind).inc()
+        logger.info("trigger (%s): %s -> Diagnosis %s", hit.kind, hit.reason, diag)
+        kopf.warn(body, reason="Triggered", message=f"{hit.kind}: {hit.reason}; Diagnosis {diag}")
+    return {"time": status.timestamp(detected), "trigger": hit.kind, "diagnosis": diag,
+            "message": hit.reason[:1024]}  # fmt: skip
+
+
+def _job_status(
+    rt: jobs.JobRuntime,
+    *,
+    current: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    health: status.Health,
+    hit: trigger.TriggerResult | None,
+    unreachable: list[agents.Unreachable],
+    now: datetime.datetime,
+    job_groups: groups.JobGroups | None,
+) -> dict[str, Any]:
+    placement = [
+        {"rank": int(r), "pod": p.pod, "podUID": p.pod_uid or None, "node": p.node}
+        for r, p in rt.ranks.items()
+    ]
+    phase: status.JobPhase = "Pending" if not rt.ranks else "Watching"
+    if hit is not None:
+        phase = "Diagnosing"
+    generation = meta.get("generation")
+    new = status.trainingjob_status(
+        placement=placement,
+        job_groups=job_groups,
+        sampled=[ids.Rank(r) for r in rt.sample],
+        phase=phase,
+        health=health,
+        generation=generation,
+        conditions=current.get("conditions"),
+        now=now,
+        unreachable=sorted({ids.NodeName(u.node) for u in unreachable}),
+    )
+    down = sorted({u.node for u in unreachable})
+    new["conditions"] = status.set_condition(
+        new["conditions"],
+        type_="AgentsReachable",
+        status="False" if down else "True",
+        reason="AgentUnreachable" if down else "AllReachable",
+        message="; ".join(f"{u.node}: {u.reason}" for u in unreachable)[:2000] or "ok",
+        generation=generation,
+        now=now,
+    )
+    if not down:
+        new["unreachableAgents"] = []
+    return new

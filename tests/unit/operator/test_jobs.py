@@ -1,0 +1,115 @@
+"""Pure steps of the trigger loop: agent discovery, rank mapping, incidents, resampling."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collscope.nodeagent import api
+from collscope.operator import groups, ids, jobs
+from collscope.operator.analysis import trigger
+
+NO_GROUPS = groups.JobGroups("inferred", (), (), (), ())
+
+
+def ranks_answer(node: str, *rings: tuple[int | None, str, str, str]) -> api.RanksResponse:
+    return api.RanksResponse(
+        node=node,
+        now_ns=1,
+        ranks=[
+            api.RankInfo(rank=r, pod_name=pod, pod_namespace=ns, ring_path=f"/r{r}.ring",
+                         health=health)
+            for r, pod, ns, health in rings
+        ],
+    )  # fmt: skip
+
+
+def place(name: str, node: str) -> jobs.PodPlace:
+    return jobs.PodPlace(name=name, uid=f"uid-{name}", node=node, host_ip="10.0.0.1")
+
+
+def test_template_directory_formats_node_and_ip() -> None:
+    url = jobs.template_directory("http://{node_ip}:9464")
+    assert url("n1", "10.0.0.7") == "http://10.0.0.7:9464"
+    assert url("n1", "") is None  # not scheduled yet: no IP, no agent
+    by_name = jobs.template_directory("http://agent-{node}.collscope:9464")
+    assert by_name("n1", "") == "http://agent-n1.collscope:9464"
+
+
+def test_pods_forget_and_nodes() -> None:
+    pods = jobs.Pods()
+    pods.note(("ml", "tj"), place("p0", "n1"))
+    pods.note(("ml", "tj"), place("p1", ""))
+    assert pods.nodes(("ml", "tj")) == {"n1": "10.0.0.1"}
+    pods.forget("ml", "p0")
+    pods.forget("ml", "unknown")
+    assert list(pods.by_job[("ml", "tj")]) == ["p1"]
+
+
+def test_rank_placement_keeps_only_the_jobs_pods_on_their_node() -> None:
+    pods = {"p0": place("p0", "n1"), "p1": place("p1", "n1"), "p2": place("p2", "n2")}
+    answers = {
+        "n1": ranks_answer("n1", (0, "p0", "ml", "live"), (1, "p1", "ml", "stale"),
+                           (7, "other", "ml", "live"), (9, "p0", "prod", "live"),
+                           (None, "p1", "ml", "opening")),
+        "n2": ranks_answer("n2", (2, "p2", "ml", "live"), (3, "p1", "ml", "live"),
+                           (4, "p2", "ml", "error")),
+    }  # fmt: skip
+    got = jobs.rank_placement("ml", pods, answers)
+    assert {r: (p.node, p.pod) for r, p in got.items()} == {
+        0: ("n1", "p0"), 1: ("n1", "p1"), 2: ("n2", "p2"),
+    }  # fmt: skip
+    assert jobs.by_node([ids.Rank(r) for r in (2, 0, 1, 5)], got) == {"n1": [0, 1], "n2": [2]}
+    job = jobs.bundle_job("tj", got)
+    assert job.world_size == 3 and [r.node for r in job.ranks] == ["n1", "n1", "n2"]
+
+
+def test_incident_names_are_stable_and_distinct() -> None:
+    hang = trigger.TriggerResult("hang", 1, 2, 0, (1,), 0, 17, "x")
+    slow = trigger.TriggerResult("slow", 1, 2, 0, (1,), 0, 17, "x")
+    assert jobs.incident_of(hang, "0xab") == "hang/0xab/17"
+    assert jobs.incident_of(slow, "0xab") == "slow/0xab"
+    a = jobs.diagnosis_name("job-llama", "hang/0xab/17")
+    assert a == jobs.diagnosis_name("job-llama", "hang/0xab/17")
+    assert a != jobs.diagnosis_name("job-llama", "hang/0xab/18")
+    assert a.startswith("job-llama-hang-") and len(a) == len("job-llama-hang-") + 8
+    assert len(jobs.diagnosis_name("j" * 300, "slow/0x1")) <= 253
+
+
+def test_diagnosis_body_is_owned_by_the_trainingjob(crds: Any) -> None:
+    body = jobs.diagnosis_body(
+        "ml", "tj", "uid-tj", trigger_kind="hang", incident="hang/0x1/3",
+        detected_at="2026-11-22T21:00:00Z", window_s=10.0,
+    )  # fmt: skip
+    crds.validator("diagnoses", "spec").validate(body["spec"])
+    (owner,) = body["metadata"]["ownerReferences"]
+    assert owner["kind"] == "TrainingJob" and owner["uid"] == "uid-tj"
+
+
+def test_discovery_and_resample_follow_the_pods() -> None:
+    rt = jobs.JobRuntime()
+    pods = {"p0": place("p0", "n1")}
+    assert rt.needs_discovery(pods, 0.0, every_s=5)
+    rt.pods_seen = frozenset(pods.values())
+    rt.discovered_at_s = 0.0
+    # p0 has no rank yet (no ring): asked again, but only every 5 s.
+    assert not rt.needs_discovery(pods, 1.0, every_s=5)
+    assert rt.needs_discovery(pods, 5.0, every_s=5)
+    # A changed pod (moved to another node) is asked at once.
+    assert rt.needs_discovery({"p0": place("p0", "n2")}, 1.0, every_s=5)
+    rt.ranks = {ids.Rank(0): jobs.RankPlace(ids.Rank(0), ids.NodeName("n1"), "p0", "u0")}
+    assert not rt.needs_discovery(pods, 60.0, every_s=5)
+    first = rt.resample(trigger.TriggerSettings(), NO_GROUPS)
+    state = rt.state
+    assert first == (0,) and state is not None
+    assert rt.resample(trigger.TriggerSettings(), NO_GROUPS) == (0,) and rt.state is state
+    rt.ranks[ids.Rank(1)] = jobs.RankPlace(ids.Rank(1), ids.NodeName("n2"), "p1", "u1")
+    assert rt.resample(trigger.TriggerSettings(), NO_GROUPS) == (0, 1)
+    assert rt.state is not state  # a new sample starts a fresh trigger
+
+
+def test_analysis_settings_apply_trigger_overrides() -> None:
+    assert jobs.analysis_settings({}).trigger.hang_floor_s == 1.5
+    got = jobs.analysis_settings({"diagnosis": {"trigger": {"hangFloorSeconds": 3,
+                                                             "throughputDrop": 0.25}}})  # fmt: skip
+    assert got.trigger.hang_floor_s == 3.0 and got.trigger.throughput_drop == 0.25
+    assert got.tick_s == 1.0

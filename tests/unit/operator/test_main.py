@@ -1,0 +1,83 @@
+"""The composition root: every handler registered, metrics named, bad settings named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes
+import pytest
+from prometheus_client import exposition
+
+from collscope.operator import __main__ as main
+from collscope.operator import kube, metrics, settings
+
+
+def handler_ids(registry: Any) -> set[str]:
+    return {h.id for h in registry._changing.get_all_handlers()} | {
+        h.id for h in registry._spawning.get_all_handlers()
+    } | {h.id for h in registry._watching.get_all_handlers()} | {
+        h.id for h in registry._webhooks.get_all_handlers()
+    }  # fmt: skip
+
+
+def cluster() -> kube.Cluster:
+    conf = kubernetes.client.Configuration(host="http://127.0.0.1:9")
+    return kube.Cluster(kubernetes.client.ApiClient(conf))
+
+
+def test_build_registers_every_handler() -> None:
+    registry, memo = main.build(settings.Settings(), cluster(), lambda n, ip: None)
+    ids = handler_ids(registry)
+    assert {"trigger", "process", "release", "opted_in_pod"} <= {i.split("/")[0] for i in ids}
+    assert not any(i.startswith("inject") for i in ids)  # no webhook unless a port is given
+    assert memo.jobs == {} and memo.remediator.configmap == "collscope-breaker"
+    hooked, _ = main.build(settings.Settings(webhook_port=9443), cluster(), lambda n, ip: None)
+    assert "inject" in handler_ids(hooked)
+
+
+def test_metrics_are_prefixed() -> None:
+    m = metrics.OperatorMetrics()
+    m.triggers.labels(kind="hang").inc()
+    m.diagnoses.labels(category="hang.gpu").inc()
+    m.analysis_seconds.observe(0.3)
+    m.agent_errors.labels(node="n1").inc()
+    m.breaker_open.set(1)
+    text = exposition.generate_latest(m.registry).decode()
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
+             if line and not line.startswith("#")}  # fmt: skip
+    assert names and all(n.startswith("collscope_operator_") for n in names)
+    assert m.value("collscope_operator_triggers_total", {"kind": "hang"}) == 1
+    assert m.value("collscope_operator_breaker_open") == 1
+
+
+def test_main_names_a_bad_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLLSCOPE_TRIGGER_INTERVAL_S", "soon")
+    assert main.main([]) == 2
+    assert "COLLSCOPE_TRIGGER_INTERVAL_S='soon'" in capsys.readouterr().err
+
+
+@pytest.mark.asyncio
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_liveness_endpoint_reports_the_watched_jobs(harness: Any) -> None:
+    import asyncio
+    import socket
+
+    import aiohttp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/healthz"
+    async with harness.run(settings.Settings(), lambda n, ip: None, liveness=url):
+        body: dict[str, Any] = {}
+        for _ in range(100):
+            try:
+                async with aiohttp.ClientSession() as http, http.get(url) as answer:
+                    assert answer.status == 200
+                    body = await answer.json()
+                    break
+            except aiohttp.ClientConnectionError:
+                await asyncio.sleep(0.1)
+        assert body["trainingjobs"] == 0

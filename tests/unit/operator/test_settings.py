@@ -1,0 +1,44 @@
+"""Operator settings from the environment: defaults, parsing, the bad variable named."""
+
+from __future__ import annotations
+
+import pytest
+
+from collscope.operator import errors, settings
+
+
+def test_defaults_without_environment() -> None:
+    s = settings.Settings.from_env({})
+    assert s == settings.Settings()
+    assert s.trigger.interval_s == 1.0 and s.agents.url_template == "http://{node_ip}:9464"
+    assert s.remediation.dry_run is False and s.breaker.max_cordons == 2
+
+
+def test_values_are_parsed() -> None:
+    s = settings.Settings.from_env({
+        "COLLSCOPE_TRIGGER_INTERVAL_S": "0.5",
+        "COLLSCOPE_AGENT_URL": "http://agent-{node}:9464",
+        "COLLSCOPE_REMEDIATION": '{"dryRun": true, "confidenceThreshold": 0.9}',
+        "COLLSCOPE_BREAKER_MAX_CORDONS": "5",
+        "COLLSCOPE_METRICS_PORT": "0",
+        "COLLSCOPE_NAMESPACE": "ops",
+    })  # fmt: skip
+    assert s.trigger.interval_s == 0.5 and s.agents.url_template == "http://agent-{node}:9464"
+    assert s.remediation.dry_run and s.remediation.confidence_threshold == 0.9
+    assert s.breaker.max_cordons == 5 and s.metrics_port == 0 and s.namespace == "ops"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("COLLSCOPE_TRIGGER_INTERVAL_S", "0"),
+        ("COLLSCOPE_TRIGGER_INTERVAL_S", "fast"),
+        ("COLLSCOPE_AGENT_URL", "http://{host}:9464"),
+        ("COLLSCOPE_REMEDIATION", '{"dryrun": true}'),
+        ("COLLSCOPE_REMEDIATION", "[1]"),
+        ("COLLSCOPE_BREAKER_MAX_FRACTION", "2"),
+    ],
+)
+def test_bad_values_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(errors.SettingsError, match=name):
+        settings.Settings.from_env({name: value})

@@ -1,0 +1,297 @@
+"""The real operator (kopf) against kmock with real node agents over rings of the real plugin:
+a stalled rank opens a Diagnosis that is analysed to the right culprit; a healthy job opens
+none; an unreachable agent is reported in the TrainingJob's conditions, not fatal.
+
+Two agents (``agent.Agent`` on 127.0.0.1, port 0) play nodes ``node-a`` (ranks 0, 1) and
+``node-b`` (ranks 2, 3); the directory maps node names to their URLs. Pods and the TrainingJob
+are pre-created in kmock (with the resourceVersion kmock does not assign).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pydantic
+import pytest
+
+pytest.importorskip("kmock")
+pytest.importorskip("pytest_asyncio")
+
+from collscope.nodeagent import agent, stacks
+from collscope.nodeagent import settings as agent_settings
+from collscope.operator import settings
+
+NODES = {"node-a": (0, 1), "node-b": (2, 3)}
+JOB = "job-llama"
+# kmock 0.8's load_bundled() uses importlib.resources.read_binary, deprecated in Python 3.11.
+pytestmark = [
+    pytest.mark.asyncio,
+    pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning"),
+]
+
+FAST = settings.Settings(
+    trigger=settings.TriggerLoopSettings(interval_s=0.2, window_s=5.0, rediscover_s=0.5),
+    agents=settings.AgentSettings(timeout_s=0.5, retries=0),
+    diagnosis_window_s=10.0,
+)
+
+
+def agent_config(trace: pathlib.Path, node: str) -> agent_settings.Settings:
+    return agent_settings.Settings(
+        node_name=node,
+        discovery=agent_settings.DiscoverySettings(
+            mode="directory", trace_root=str(trace), rescan_interval_s=0.1
+        ),
+        sampling=agent_settings.SamplingSettings(sample_interval_s=0.05),
+        window=agent_settings.WindowSettings(window_s=30, memory_cap_bytes=16 << 20),
+        server=agent_settings.ServerSettings(listen_host="127.0.0.1", listen_port=0),
+    )
+
+
+def fake_pyspy(pids: Sequence[int], timeout_s: float) -> pydantic.BaseModel:
+    """The agent's py-spy dumper, same interface: a main thread waiting in NCCL."""
+    main = stacks.StackGroup(frames=WAITING, pids=list(pids), thread_names=["MainThread"])
+    other = stacks.StackGroup(frames=["poll (threading.py:1)"], pids=list(pids))
+    return stacks.StacksReport(groups=[other, main])
+
+
+WAITING = ["allreduce (nccl.py:12)", "step (train.py:40)"]
+
+
+@dataclasses.dataclass
+class Job:
+    ranks: dict[int, Any]
+    urls: dict[str, str]
+
+
+@pytest.fixture
+def job(tmp_path: pathlib.Path, plugin_rank: Any) -> Iterator[Job]:
+    ranks: dict[int, Any] = {}
+    running: list[agent.Agent] = []
+    urls: dict[str, str] = {}
+    for node, members in NODES.items():
+        trace = tmp_path / node
+        for r in members:
+            ranks[r] = plugin_rank(trace, r, world=4, pod=f"llama-{r}")
+        a = agent.Agent(agent_config(trace, node), stacks_dumper=fake_pyspy)
+        a.start()
+        running.append(a)
+        host, port = a.server.address
+        urls[node] = f"http://{host}:{port}"
+    yield Job(ranks, urls)
+    for a in running:
+        a.stop()
+
+
+def cluster(harness: Any, parallelism: dict[str, int] | None = None) -> None:
+    ns = harness.NS
+    k = harness.k
+    job_ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "llama", "uid": "uid-job",
+               "controller": True}  # fmt: skip
+    k.objects["batch/v1/jobs", ns, "llama"] = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "llama", "namespace": ns, "uid": "uid-job", "resourceVersion": "1"},
+    }  # fmt: skip
+    for node, members in NODES.items():
+        harness.node(node)
+        for r in members:
+            k.objects["v1/pods", ns, f"llama-{r}"] = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"llama-{r}", "namespace": ns, "uid": f"uid-pod-{r}",
+                             "resourceVersion": "1", "ownerReferences": [job_ref],
+                             "annotations": {"collscope.dev/diagnose": "true"}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+                "status": {"hostIP": "127.0.0.1", "phase": "Running"},
+            }  # fmt: skip
+    spec: dict[str, Any] = {
+        "owner": {"apiVersion": "batch/v1", "kind": "Job", "name": "llama", "uid": "uid-job"}
+    }
+    if parallelism is not None:
+        spec["parallelism"] = parallelism
+        spec["diagnosis"] = {"sampling": {"maxRanks": 2}}
+    k.objects[harness.TJ, ns, JOB] = {
+        "apiVersion": "collscope.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": JOB, "namespace": ns, "uid": "uid-tj", "resourceVersion": "1"},
+        "spec": spec,
+    }  # fmt: skip
+
+
+def directory(urls: dict[str, str]) -> Any:
+    return lambda node, ip: urls.get(node)
+
+
+def diagnoses(harness: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = harness.all(harness.DIAG)
+    return found
+
+
+def tj_status(harness: Any) -> dict[str, Any]:
+    tj = harness.obj(harness.TJ, JOB) or {}
+    return dict(tj.get("status") or {})
+
+
+def healthy_steps(job: Job, n: int) -> None:
+    for _ in range(n):
+        for r in sorted(job.ranks):
+            job.ranks[r].complete(1)
+
+
+def plain(obj: Any) -> Any:
+    """A kmock object as the JSON an API server would hold."""
+    return json.loads(json.dumps(obj, default=dict))
+
+
+async def test_stalled_rank_opens_a_diagnosis_naming_it(harness: Any, job: Job, crds: Any) -> None:
+    cluster(harness)
+    healthy_steps(job, 5)
+    # Ranks 0, 1 and 3 enter the next AllReduce and wait in it; rank 2 never enters.
+    stuck = [job.ranks[r].allreduce() for r in (0, 1, 3)]
+    for op in stuck:
+        op.advance(1)
+    t0 = time.monotonic()
+    async with harness.run(FAST, directory(job.urls)) as memo:
+        got = await harness.until(lambda: diagnoses(harness), timeout_s=15)
+        (diag,) = got
+        assert diag["spec"]["trigger"] == "hang" and diag["spec"]["trainingJob"]["name"] == JOB
+        name = diag["metadata"]["name"]
+        done = await harness.until(
+            lambda: (
+                "actions" in (harness.obj(harness.DIAG, name) or {}).get("status", {})
+                and harness.obj(harness.DIAG, name)
+            ),
+            timeout_s=15,
+        )
+        elapsed = time.monotonic() - t0
+        st = done["status"]
+        assert st["phase"] == "Diagnosed", st
+        assert st["culpritRank"] == 2 and st["culpritNode"] == "node-b"
+        assert st["category"] == "hang.not_entered"
+        assert st["result"]["anomaly"] is True
+        # Software category: no node is touched, the skip is recorded.
+        assert [a["outcome"] for a in st["actions"]] == ["Skipped"]
+        assert st.get("agentErrors", []) == []
+        # py-spy stacks per rank, grouped: one group of identical main-thread stacks.
+        assert st["stacks"] == [{"ranks": [0, 1, 2, 3], "frames": WAITING}]
+        crds.validator("diagnoses", "status").validate(plain(st))
+        crds.validator("diagnoses", "spec").validate(plain(diag["spec"]))
+        # One Diagnosis per incident although the trigger holds on every tick.
+        await harness.until(lambda: memo.metrics.value("collscope_operator_ticks_total") > 10)
+        assert len(diagnoses(harness)) == 1
+        assert memo.metrics.value("collscope_operator_triggers_total", {"kind": "hang"}) == 1
+        assert (
+            memo.metrics.value(
+                "collscope_operator_diagnoses_total", {"category": "hang.not_entered"}
+            )
+            == 1
+        )
+        status = tj_status(harness)
+        assert status["health"] == "Hung" and status["lastTrigger"]["diagnosis"] == name
+        assert [r["node"] for r in status["ranks"]] == ["node-a", "node-a", "node-b", "node-b"]
+        crds.validator("trainingjobs", "status").validate(plain(status))
+        (comm,) = status["communicators"]  # from the rings' comm records, via the agents
+        assert comm["name"] == "dp0" and comm["members"] == [0, 1, 2, 3]
+        assert status["groups"]["source"] == "inferred"
+    node = harness.obj("v1/nodes", "node-b", None)
+    assert node is not None and not node["spec"].get("unschedulable")
+    print(f"fault onset -> Diagnosed: {elapsed:.2f} s")
+
+
+async def test_healthy_job_opens_no_diagnosis(harness: Any, job: Job) -> None:
+    cluster(harness, parallelism={"tp": 2, "dp": 2})
+    healthy_steps(job, 3)
+    async with harness.run(FAST, directory(job.urls)) as memo:
+        for _ in range(12):  # ~3 s of ticks while the job keeps completing steps
+            healthy_steps(job, 1)
+            await harness.until(lambda: True)
+            await _sleep(0.25)
+        status = await harness.until(
+            lambda: tj_status(harness).get("health") and tj_status(harness)
+        )
+        assert status["health"] == "Healthy" and status["phase"] == "Watching"
+        # Declared tp=2, dp=2: DP groups {0, 2} and {1, 3}, at least one sampled from each.
+        assert status["groups"]["source"] == "declared"
+        assert status["groups"]["dp"] == [[0, 2], [1, 3]]
+        # With maxRanks 2, exactly one from each.
+        sampled = set(status["sampledRanks"])
+        assert len(sampled & {0, 2}) == 1 and len(sampled & {1, 3}) == 1
+        cond = {c["type"]: c for c in status["conditions"]}
+        assert cond["AgentsReachable"]["status"] == "True"
+        assert memo.metrics.value("collscope_operator_triggers_total", {"kind": "hang"}) == 0
+        # Deleting the TrainingJob stops its timer and drops its trigger state.
+        import aiohttp
+
+        url = f"{harness.url}/apis/collscope.dev/v1alpha1/namespaces/ml/trainingjobs/{JOB}"
+        async with aiohttp.ClientSession() as http, http.delete(url) as answer:
+            assert answer.status < 300
+        await harness.until(lambda: ("ml", JOB) not in memo.jobs)
+        await harness.until(lambda: harness.obj(harness.TJ, JOB) is None)
+    assert diagnoses(harness) == []
+
+
+async def test_unreachable_agent_is_reported_not_fatal(harness: Any, job: Job) -> None:
+    cluster(harness)
+    healthy_steps(job, 3)
+    urls = {**job.urls, "node-b": "http://127.0.0.1:9"}  # nothing listens on the discard port
+    async with harness.run(FAST, directory(urls)) as memo:
+
+        def reported() -> dict[str, Any] | None:
+            st = tj_status(harness)
+            cond = {c["type"]: c for c in st.get("conditions", [])}
+            ok = cond.get("AgentsReachable", {}).get("status") == "False" and st.get("ranks")
+            return st if ok else None
+
+        status = await harness.until(reported)
+        cond = {c["type"]: c for c in status["conditions"]}
+        assert "node-b" in cond["AgentsReachable"]["message"]
+        assert status["unreachableAgents"] == ["node-b"]
+        assert [r["rank"] for r in status["ranks"]] == [0, 1]  # node-a's ranks still watched
+        ticks = memo.metrics.value("collscope_operator_ticks_total")
+        await harness.until(
+            lambda: memo.metrics.value("collscope_operator_ticks_total") > ticks + 3
+        )
+        assert memo.metrics.value("collscope_operator_agent_errors_total", {"node": "node-b"}) >= 1
+    assert diagnoses(harness) == []
+
+
+async def _sleep(s: float) -> None:
+    import asyncio
+
+    await asyncio.sleep(s)
+
+
+async def test_manual_diagnosis_is_analysed(harness: Any, job: Job) -> None:
+    import aiohttp
+
+    cluster(harness)
+    healthy_steps(job, 5)
+    manual = {
+        "apiVersion": "collscope.dev/v1alpha1", "kind": "Diagnosis",
+        "metadata": {"name": "asked", "namespace": "ml", "uid": "uid-asked",
+                     "resourceVersion": "1"},
+        "spec": {"trainingJob": {"name": JOB}, "trigger": "manual", "windowSeconds": 5},
+    }  # fmt: skip
+    async with harness.run(FAST, directory(job.urls)):
+        url = f"{harness.url}/apis/collscope.dev/v1alpha1/namespaces/ml/diagnoses"
+        async with aiohttp.ClientSession() as http, http.post(url, json=manual) as answer:
+            assert answer.status < 300
+        done = await harness.until(
+            lambda: (
+                "actions" in ((harness.obj(harness.DIAG, "asked") or {}).get("status") or {})
+                and harness.obj(harness.DIAG, "asked")
+            )
+        )
+    st = done["status"]
+    assert st["phase"] == "Diagnosed" and st["result"]["anomaly"] is False
+    assert "category" not in st and "stacks" not in st
+    cond = {c["type"]: c for c in st["conditions"]}
+    assert cond["Diagnosed"]["status"] == "True" and cond["Diagnosed"]["reason"] == "NoAnomaly"
+    # Detected -> Analyzing -> Diagnosed, each written once, in order.
+    phases = [v["status"]["phase"] for v in harness.k.objects[harness.DIAG, "ml", "asked", :]
+              if v is not None and "phase" in (v.get("status") or {})]  # fmt: skip
+    seen = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
+    assert seen == ["Detected", "Analyzing", "Diagnosed"]
