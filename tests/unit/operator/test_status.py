@@ -92,6 +92,20 @@ def test_diagnosis_status_fields(crds: Any) -> None:
     crds.validator("diagnoses", "status").validate(s)
 
 
+def test_every_culprit_field_is_in_the_crd(crds: Any) -> None:
+    # A field the CRD does not declare is pruned by the API server: silently lost.
+    props = crds.schema("diagnoses")["properties"]["status"]["properties"]["result"]["properties"]
+    declared = set(props["culprits"]["items"]["properties"])
+    assert set(diagnosis.Culprit.model_fields) <= declared
+    c = diagnosis.Culprit(
+        rank=3, component="software", score=0.8, function="torch.nn.functional.linear"
+    )
+    d = hang().model_copy(update={"culprits": [c]})
+    s = status.diagnosis_status(d, phase="Diagnosed", generation=1, conditions=None, now=T0)
+    assert s["result"]["culprits"][0]["function"] == "torch.nn.functional.linear"
+    crds.validator("diagnoses", "status").validate(s)
+
+
 def test_healthy_diagnosis_status(crds: Any) -> None:
     s = status.diagnosis_status(
         diagnosis.Diagnosis(anomaly=False), phase="Diagnosed", generation=1, conditions=None, now=T0
