@@ -57,7 +57,7 @@ def test_nothing_in_flight_gives_no_rows(tmp_path: pathlib.Path, plugin_rank: An
     assert fast(rk.ring_path, 0, {}) == []
 
 
-def test_an_op_before_its_kernel_starts_has_no_kernel(tmp_path: pathlib.Path, scenario: Any) -> None:
+def test_op_before_its_kernel_starts_has_no_kernel(tmp_path: pathlib.Path, scenario: Any) -> None:
     # The u1 channel count must not turn the "no kernel" -1 into 255 (a bug seen live).
     scenario.op(slot=2, serial=1, seq=17, kch_started=0, kch_done=0)
     path = scenario.write(tmp_path / "r.ring")
