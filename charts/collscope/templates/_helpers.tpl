@@ -1,0 +1,50 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "collscope.fullname" -}}
+{{- if contains "collscope" .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-collscope" .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "collscope.labels" -}}
+app.kubernetes.io/name: collscope
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "collscope.operator.selector" -}}
+app.kubernetes.io/name: collscope
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "collscope.agent.selector" -}}
+app.kubernetes.io/name: collscope
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "collscope.operator.name" -}}{{ include "collscope.fullname" . }}-operator{{- end -}}
+{{- define "collscope.agent.name" -}}{{ include "collscope.fullname" . }}-agent{{- end -}}
+{{- define "collscope.webhook.name" -}}{{ include "collscope.fullname" . }}-webhook{{- end -}}
+
+{{- define "collscope.tag" -}}{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
+
+{{- define "collscope.operator.image" -}}
+{{ .Values.image.registry }}/{{ .Values.operator.image.repository }}:{{ include "collscope.tag" . }}
+{{- end -}}
+
+{{- define "collscope.agent.image" -}}
+{{ .Values.image.registry }}/{{ .Values.agent.image.repository }}:{{ include "collscope.tag" . }}
+{{- end -}}
+
+{{/* cert-manager when asked, or when "auto" and the cluster serves its API. */}}
+{{- define "collscope.webhook.certManager" -}}
+{{- if or (eq .Values.webhook.tls "certManager") (and (eq .Values.webhook.tls "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}
+true
+{{- end -}}
+{{- end -}}
