@@ -3,14 +3,16 @@ layout the operator accepts, and the hand-written TrainingJob validates against 
 
 from __future__ import annotations
 
+import json
 import pathlib
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
-from collscope.operator import groups, injection, owners
+from collscope.operator import groups, injection, owners, policy
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples"
 WORKLOADS = ("pytorchjob.yaml", "jobset.yaml", "job.yaml")
@@ -36,7 +38,7 @@ def pod_templates(node: Any) -> Iterator[dict[str, Any]]:
 
 def test_every_example_is_listed() -> None:
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(
-        (*WORKLOADS, "trainingjob.yaml")
+        (*WORKLOADS, "trainingjob.yaml", "values-dry-run.yaml")
     )
 
 
@@ -73,3 +75,20 @@ def test_trainingjob_validates_against_the_crd(crds: Any) -> None:
     crds.validator("trainingjobs", "spec").validate(doc["spec"])
     p = doc["spec"]["parallelism"]
     groups.parse(",".join(f"{k}={v}" for k, v in p.items()))
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Helm's coalescing of a values file over the chart's defaults (maps merge, rest replace)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def test_dry_run_values_validate_against_the_chart_schema() -> None:
+    schema = json.loads((EXAMPLES.parent / "charts/collscope/values.schema.json").read_text())
+    values = load("values-dry-run.yaml")
+    defaults = yaml.safe_load((EXAMPLES.parent / "charts/collscope/values.yaml").read_text())
+    jsonschema.validate(merge(defaults, values), schema)  # Helm validates the merged values
+    assert values["remediation"]["dryRun"] is True
+    policy.RemediationPolicy.from_values(values["remediation"])  # the operator reads it as is
