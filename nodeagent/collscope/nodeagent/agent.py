@@ -118,7 +118,9 @@ def fr_dumper(proc_root: pathlib.Path = pathlib.Path("/proc")) -> service.RankDu
     """``flightrecorder.trigger`` for (rank, pid) pairs: each process's debug pipe is found in
     its environment and reached through ``<proc_root>/<pid>/root`` (its mount namespace)."""
 
-    def dump(targets: Sequence[tuple[int, int]], timeout_s: float) -> pydantic.BaseModel:
+    def dump(
+        targets: Sequence[tuple[int, int]], timeout_s: float
+    ) -> flightrecorder.FlightRecorderReport:
         found: list[flightrecorder.Target] = []
         failed: list[flightrecorder.RankFailure] = []
         for rank, pid in targets:

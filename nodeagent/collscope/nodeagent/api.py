@@ -165,10 +165,16 @@ class StacksRequest(_Wire):
 
 
 class FlightRecorderRequest(_Wire):
-    """Ranks on this node whose Flight Recorder to dump (None: all)."""
+    """Ranks on this node whose Flight Recorder to dump (None: all).
+
+    ``max_entries``: keep only the newest that many entries of each process group in each
+    dump (None: all). A dump holds up to ``TORCH_NCCL_TRACE_BUFFER_SIZE`` entries (often 2,000,
+    about 1 MB of JSON per rank); the operator's summary needs the last few.
+    """
 
     ranks: list[int] | None = None
     timeout_s: Seconds = 10.0
+    max_entries: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
 
 
 class ErrorResponse(_Wire):

@@ -160,3 +160,21 @@ def trigger(
         dumps=sorted(dumps, key=lambda d: d.rank),
         errors=[RankFailure(rank=r, reason=failures[r]) for r in sorted(failures)],
     )
+
+
+# -- trim ------------------------------------------------------------------------------------
+def newest(report: FlightRecorderReport, max_entries: int) -> FlightRecorderReport:
+    """``report`` with only the newest ``max_entries`` entries of each process group in each
+    dump (torch appends entries in record order, so the last ones are the newest); the
+    process groups' config and status stay whole."""
+    dumps = []
+    for d in report.dumps:
+        seen: dict[int | None, int] = {}
+        kept: list[frdump.Entry] = []
+        for e in reversed(d.entries):
+            n = seen.get(e.pg_id, 0)
+            if n < max_entries:
+                kept.append(e)
+                seen[e.pg_id] = n + 1
+        dumps.append(d.model_copy(update={"entries": kept[::-1]}))
+    return report.model_copy(update={"dumps": dumps})

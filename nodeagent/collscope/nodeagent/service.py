@@ -5,8 +5,9 @@ injected here (STYLE habit 10), so that tests pass fakes with the same interface
 
 - ``hardware``: ``collscope.nodeagent.hardware.Sampler`` (NVML, NIC and RDMA counters);
 - ``stacks``: ``collscope.nodeagent.stacks.dump`` (py-spy), called as ``stacks(pids, timeout_s)``;
-- ``flightrecorder``: a callable ``([(rank, pid), ...], timeout_s) -> report`` (PyTorch's dump
-  pipe; ``agent.flight_recorder`` adapts ``flightrecorder.trigger``).
+- ``flightrecorder``: a callable ``([(rank, pid), ...], timeout_s) -> FlightRecorderReport``
+  (PyTorch's dump pipe; ``agent.fr_dumper`` adapts ``flightrecorder.trigger``); a request's
+  ``max_entries`` trims the report here (``flightrecorder.newest``).
 
 Each may be None: the matching endpoint then answers 503 with ``errors.UnavailableError``.
 ``server.py`` maps this class to HTTP.
@@ -22,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 import pydantic
 
-from collscope.nodeagent import api, errors, sampler, summary, window
+from collscope.nodeagent import api, errors, flightrecorder, sampler, summary, window
 from collscope.nodeagent.bundle import models, tables, writer
 
 _NS = 1_000_000_000
@@ -39,7 +40,7 @@ class Hardware(Protocol):
 
 
 Dumper = Callable[[Sequence[int], float], pydantic.BaseModel]
-RankDumper = Callable[[Sequence[tuple[int, int]], float], pydantic.BaseModel]
+RankDumper = Callable[[Sequence[tuple[int, int]], float], flightrecorder.FlightRecorderReport]
 
 
 class Service:
@@ -198,7 +199,7 @@ class Service:
         dump = _need(self.stacks_dumper, "stacks (py-spy)")
         return dump(self._pids(req.ranks, req.pids), req.timeout_s)
 
-    def flightrecorder(self, req: api.FlightRecorderRequest) -> pydantic.BaseModel:
+    def flightrecorder(self, req: api.FlightRecorderRequest) -> flightrecorder.FlightRecorderReport:
         fr = _need(self.flightrecorder_dumper, "Flight Recorder")
         known = self._rank_rings()
         ranks = req.ranks if req.ranks is not None else sorted(known)
@@ -210,7 +211,10 @@ class Service:
             targets += [(r, self._resolve(r, t)) for t in rings]
         if not targets:
             raise errors.QueryError("ranks", "no rank with a ring on this node")
-        return fr(targets, req.timeout_s)
+        report = fr(targets, req.timeout_s)
+        if req.max_entries is not None:
+            report = flightrecorder.newest(report, req.max_entries)
+        return report
 
     # -- health ---------------------------------------------------------------------------
     def livez(self, max_age_s: float) -> api.HealthResponse:

@@ -7,8 +7,13 @@
   TrainingJob over ``spec.windowSeconds`` is pulled from their agents in parallel
   (``agents.pull_window``), ``analysis.engine.diagnose`` runs on it in a worker thread (the same
   code as ``collscope analyze``), the status gets the result, phase ``Diagnosed``, the agents
-  that could not be reached and, for an anomaly, the py-spy stacks of the culprits and sampled
-  ranks grouped into a rank grid (``stackgrid``); then remediation as below;
+  that could not be reached; then, in a second patch so that collection never delays
+  ``Diagnosed``, the evidence gathered concurrently: for an anomaly (or ``requestedActions:
+  [stacks]``) the py-spy stacks of the culprits and sampled ranks grouped into a rank grid
+  (``stackgrid``), for a hang or slow trigger (or ``requestedActions: [flightRecorder]``) the
+  Flight Recorder dumps of the involved ranks grouped by last-collective state
+  (``flightrecorder``; an agent or rank without one is a note, never a failure), both in
+  ``evidence``; then remediation as below;
 - ``Diagnosed`` without ``status.actions``: remediation (``remediator.Remediator``: policy,
   breaker, node marks); phase ``Remediated`` when a node was marked.
 
@@ -28,17 +33,16 @@ from typing import Any
 
 import kopf
 
-from collscope.nodeagent import api as api_models
 from collscope.operator import (
     agents,
     errors,
+    evidence,
     ids,
     jobs,
     kube,
     metrics,
     remediator,
     settings,
-    stackgrid,
     status,
     trigger_loop,
 )
@@ -123,10 +127,6 @@ async def _process(
             result, phase="Diagnosed", generation=generation, conditions=conditions, now=now_utc()
         )
         new["agentErrors"] = [{"node": f.node, "message": f.reason[:1000]} for f in failed]
-        if result.anomaly:
-            grid = await collect_stacks(memo, namespace, job, result, logger)
-            if grid:
-                new["stacks"] = grid
         await _patch(api, namespace, name, new)
         meters: metrics.OperatorMetrics = memo.metrics
         meters.diagnoses.labels(category=result.category or "none").inc()
@@ -137,6 +137,11 @@ async def _process(
             kopf.info(body, reason="Diagnosed", message=summary)
         logger.info("Diagnosis %s/%s: %s", namespace, name, summary)
         conditions = new["conditions"]
+        found = await evidence.collect(
+            memo, namespace, job=job, spec=spec, result=result, logger=logger
+        )
+        if found:
+            await _patch(api, namespace, name, found)
     else:
         result = diagnosis.Diagnosis.model_validate(status.get("result") or {})
     await remediate(
@@ -199,52 +204,6 @@ async def analyse(
     )
     meters.analysis_seconds.observe(time.perf_counter() - started)
     return result, failed
-
-
-async def collect_stacks(
-    memo: kopf.Memo,
-    namespace: str,
-    job: str,
-    result: diagnosis.Diagnosis,
-    logger: Logger,
-) -> list[dict[str, Any]]:
-    """py-spy stacks of the culprits and sampled ranks (``stackgrid``), grouped; agents that
-    cannot dump (no py-spy, no ptrace) only cost a log line."""
-    cfg: settings.Settings = memo.settings
-    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
-    rt = runtimes.get((namespace, job))
-    if rt is None or not rt.ranks:
-        return []
-    culprits = [c.rank for c in result.culprits if c.rank is not None]
-    ranks = stackgrid.choose(culprits, [int(r) for r in rt.sample], [int(r) for r in rt.ranks])
-    clients: dict[str, agents.AgentClient] = {}
-    pods: jobs.Pods = memo.pods
-    for node, ip in pods.nodes((namespace, job)).items():
-        url = memo.directory(node, ip)
-        if url is not None:  # a longer timeout than the trigger's: py-spy takes seconds
-            clients[node] = agents.AgentClient(
-                node, url, timeout_s=cfg.stacks_timeout_s + 2.0, retries=0
-            )
-    calls = {
-        f"{rt.ranks[ids.Rank(r)].node}/rank {r}": clients[rt.ranks[ids.Rank(r)].node].stacks(
-            api_models.StacksRequest(ranks=[r], timeout_s=cfg.stacks_timeout_s)
-        )
-        for r in ranks
-        if rt.ranks[ids.Rank(r)].node in clients
-    }
-    try:
-        got, failed = await agents.gather(calls)
-    finally:
-        for c in clients.values():
-            await c.aclose()
-    for f in failed[:3]:
-        logger.info("no stacks from %s: %s", f.node, f.reason)
-    frames: dict[ids.Rank, list[str]] = {}
-    for key, report in got.items():
-        picked = stackgrid.rank_frames(report)
-        if picked:
-            frames[ids.Rank(int(key.rpartition(" ")[2]))] = picked
-    return status_mod.stack_groups(frames)
 
 
 async def remediate(

@@ -61,6 +61,10 @@ class Settings:
     diagnosis_window_s: float = 10.0
     # py-spy per rank on an anomaly (the agent's own limit; the HTTP call waits 2 s longer).
     stacks_timeout_s: float = 3.0
+    # Flight Recorder dumps on a trigger (the agent's own limit; the HTTP call waits 2 s
+    # longer). torch checks the dump pipe every TORCH_NCCL_COORD_CHECK_MILSEC (1 s by default,
+    # notes/kubernetes.md §6) and then writes the dump: 5 s leaves room for a slow disk.
+    flight_recorder_timeout_s: float = 5.0
     namespace: str = "collscope-system"
     breaker_configmap: str = "collscope-breaker"
     remediation: policy.RemediationPolicy = field(default_factory=policy.RemediationPolicy)

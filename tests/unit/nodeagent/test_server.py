@@ -15,7 +15,7 @@ import pydantic
 import pytest
 
 from collscope.nodeagent import __main__ as cli
-from collscope.nodeagent import agent, api, flightrecorder, hardware, settings, stacks
+from collscope.nodeagent import agent, api, flightrecorder, frdump, hardware, settings, stacks
 from collscope.nodeagent.bundle import models, reader
 
 RECORD: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(models.Record)
@@ -46,9 +46,17 @@ class Calls:
         group = stacks.StackGroup(frames=["main (train.py:3)"], pids=list(pids))
         return stacks.StacksReport(groups=[group])
 
-    def dump_fr(self, targets: Sequence[tuple[int, int]], timeout_s: float) -> pydantic.BaseModel:
+    def dump_fr(
+        self, targets: Sequence[tuple[int, int]], timeout_s: float
+    ) -> flightrecorder.FlightRecorderReport:
+        """One dump per rank: three entries on process group 0, then one on group 1."""
         self.fr.append((list(targets), timeout_s))
-        return flightrecorder.FlightRecorderReport()
+        entries = [frdump.Entry(pg_id=pg, collective_seq_id=s) for pg, s in FR_ENTRIES]
+        dumps = [frdump.RankDump(rank=r, file=f"f{r}", entries=entries) for r, _ in targets]
+        return flightrecorder.FlightRecorderReport(dumps=dumps)
+
+
+FR_ENTRIES = [(0, 1), (0, 2), (0, 3), (1, 1)]
 
 
 class Running:
@@ -195,8 +203,20 @@ def test_stacks_and_flight_recorder_resolve_ranks_to_pids(running: Running) -> N
     r = running.http.post("/v1/stacks", json={"ranks": [1], "timeout_s": 0})
     assert r.status_code == 400 and r.json()["parameter"] == "timeout_s"
     r = running.http.post("/v1/flightrecorder", json={})
-    assert r.status_code == 200 and r.json() == {"dumps": [], "errors": []}
+    assert r.status_code == 200 and r.json()["errors"] == []
+    assert [len(d["entries"]) for d in r.json()["dumps"]] == [4, 4]
     assert running.calls.fr == [([(0, os.getpid()), (1, os.getpid())], 10.0)]
+
+
+def test_flight_recorder_keeps_the_newest_entries_per_group_when_asked(running: Running) -> None:
+    r = running.http.post("/v1/flightrecorder", json={"ranks": [1], "max_entries": 2})
+    assert r.status_code == 200
+    (dump,) = r.json()["dumps"]
+    assert [(e["pg_id"], e["collective_seq_id"]) for e in dump["entries"]] == [
+        (0, 2), (0, 3), (1, 1)
+    ]  # fmt: skip
+    r = running.http.post("/v1/flightrecorder", json={"ranks": [1], "max_entries": -1})
+    assert r.status_code == 400 and r.json()["parameter"] == "max_entries"
 
 
 def test_metrics(running: Running) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 import time
 from collections.abc import Iterator, Sequence
@@ -22,7 +23,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
-from collscope.nodeagent import agent, stacks
+from collscope.nodeagent import agent, flightrecorder, frdump, stacks
 from collscope.nodeagent import settings as agent_settings
 from collscope.operator import settings
 
@@ -63,28 +64,69 @@ def fake_pyspy(pids: Sequence[int], timeout_s: float) -> pydantic.BaseModel:
 WAITING = ["allreduce (nccl.py:12)", "step (train.py:40)"]
 
 
+def fake_fr(no_fr: set[int]) -> Any:
+    """The agent's Flight Recorder dumper, same interface, as torch would dump this job: ranks
+    0, 1 and 3 in AllReduce seq 6, rank 2 done with seq 5 (it never entered the next one);
+    ranks in ``no_fr`` have no debug pipe."""
+
+    def dump(
+        targets: Sequence[tuple[int, int]], timeout_s: float
+    ) -> flightrecorder.FlightRecorderReport:
+        dumps, failed = [], []
+        for rank, pid in targets:
+            if rank in no_fr:
+                reason = f"pid {pid}: {flightrecorder.PIPE_ENV} is not set"
+                failed.append(flightrecorder.RankFailure(rank=rank, reason=reason))
+                continue
+            last = 5 if rank == 2 else 6
+            entries = [
+                frdump.Entry(pg_id=0, collective_seq_id=s, profiling_name="nccl:all_reduce",
+                             state="completed" if s <= 5 else "scheduled", is_p2p=False)
+                for s in range(1, last + 1)
+            ]  # fmt: skip
+            pg = frdump.PgInfo(id="0", name="0", desc="default_pg", ranks=[0, 1, 2, 3])
+            status = frdump.PgStatus(
+                id="0", last_enqueued_collective=last, last_started_collective=-1,
+                last_completed_collective=5,
+            )  # fmt: skip
+            dumps.append(
+                frdump.RankDump(
+                    rank=rank, file=f"/tmp/nccl_trace_rank_{rank}", version="2.5",
+                    pg_config=[pg], pg_status=[status], entries=entries,
+                )
+            )  # fmt: skip
+        return flightrecorder.FlightRecorderReport(dumps=dumps, errors=failed)
+
+    return dump
+
+
 @dataclasses.dataclass
 class Job:
     ranks: dict[int, Any]
     urls: dict[str, str]
+    agents: dict[str, agent.Agent]
+    no_fr: set[int]  # ranks whose Flight Recorder the fake dumper does not find
 
 
 @pytest.fixture
 def job(tmp_path: pathlib.Path, plugin_rank: Any) -> Iterator[Job]:
     ranks: dict[int, Any] = {}
-    running: list[agent.Agent] = []
+    running: dict[str, agent.Agent] = {}
     urls: dict[str, str] = {}
+    no_fr: set[int] = set()
     for node, members in NODES.items():
         trace = tmp_path / node
         for r in members:
             ranks[r] = plugin_rank(trace, r, world=4, pod=f"llama-{r}")
-        a = agent.Agent(agent_config(trace, node), stacks_dumper=fake_pyspy)
+        a = agent.Agent(
+            agent_config(trace, node), stacks_dumper=fake_pyspy, fr_dumper=fake_fr(no_fr)
+        )
         a.start()
-        running.append(a)
+        running[node] = a
         host, port = a.server.address
         urls[node] = f"http://{host}:{port}"
-    yield Job(ranks, urls)
-    for a in running:
+    yield Job(ranks, urls, running, no_fr)
+    for a in running.values():
         a.stop()
 
 
@@ -177,6 +219,12 @@ async def test_stalled_rank_opens_a_diagnosis_naming_it(harness: Any, job: Job, 
         assert st.get("agentErrors", []) == []
         # py-spy stacks per rank, grouped: one group of identical main-thread stacks.
         assert st["stacks"] == [{"ranks": [0, 1, 2, 3], "frames": WAITING}]
+        # Flight Recorder dumps of the triggering communicator's ranks, grouped by state.
+        fr = st["flightRecorder"]
+        assert fr["summary"] == (
+            "ranks 0-1,3: entered AllReduce seq 6; rank 2: last completed AllReduce seq 5"
+        )
+        assert (fr["ranksAsked"], fr["ranksDumped"], fr["notes"]) == (4, 4, [])
         crds.validator("diagnoses", "status").validate(plain(st))
         crds.validator("diagnoses", "spec").validate(plain(diag["spec"]))
         # One Diagnosis per incident although the trigger holds on every tick.
@@ -287,7 +335,7 @@ async def test_manual_diagnosis_is_analysed(harness: Any, job: Job) -> None:
         )
     st = done["status"]
     assert st["phase"] == "Diagnosed" and st["result"]["anomaly"] is False
-    assert "category" not in st and "stacks" not in st
+    assert "category" not in st and "stacks" not in st and "flightRecorder" not in st
     cond = {c["type"]: c for c in st["conditions"]}
     assert cond["Diagnosed"]["status"] == "True" and cond["Diagnosed"]["reason"] == "NoAnomaly"
     # Detected -> Analyzing -> Diagnosed, each written once, in order.
@@ -295,3 +343,41 @@ async def test_manual_diagnosis_is_analysed(harness: Any, job: Job) -> None:
               if v is not None and "phase" in (v.get("status") or {})]  # fmt: skip
     seen = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
     assert seen == ["Detected", "Analyzing", "Diagnosed"]
+
+
+async def test_flight_recorder_gaps_are_notes(job: Job) -> None:
+    """Collection straight from ``evidence`` (no kopf: kmock cannot make an agent vanish
+    between analysis and collection): node-a answers with rank 1 lacking a debug pipe, node-b's
+    agent has no Flight Recorder capability (503), node-c's agent does not answer, node-d has
+    no agent URL. Every asked rank is accounted for; nothing raises."""
+    import kopf
+
+    from collscope.operator import evidence, ids, jobs
+    from collscope.operator.analysis import diagnosis
+
+    job.no_fr.add(1)
+    job.agents["node-b"].service.flightrecorder_dumper = None
+    urls = {**job.urls, "node-c": "http://127.0.0.1:9"}  # the discard port: nobody listens
+    key = ("ml", JOB)
+    pods = jobs.Pods()
+    rt = jobs.JobRuntime()
+    for r, node in enumerate(["node-a", "node-a", "node-b", "node-b", "node-c", "node-d"]):
+        pods.note(key, jobs.PodPlace(f"llama-{r}", f"uid-{r}", node, "127.0.0.1"))
+        rt.ranks[ids.Rank(r)] = jobs.RankPlace(ids.Rank(r), ids.NodeName(node), f"llama-{r}", "")
+    memo = kopf.Memo(settings=FAST, jobs={key: rt}, pods=pods, directory=directory(urls))
+    result = diagnosis.Diagnosis(anomaly=True, trigger="hang")
+    fr = await evidence.collect_flight_recorder(
+        memo, "ml", job=JOB, spec={"trigger": "hang"}, result=result, logger=logging.getLogger()
+    )
+    assert fr is not None
+    assert fr["summary"] == "rank 0: entered AllReduce seq 6"
+    assert (fr["ranksAsked"], fr["ranksDumped"]) == (6, 1)
+    notes = fr["notes"]
+    assert notes[0].startswith("ranks 2-3 on node-b: no dump: agent node-b at http") and (
+        "HTTP 503: Flight Recorder: not available on this agent" in notes[0]
+    )
+    assert notes[1].startswith("rank 4 on node-c: no dump: agent node-c at http://127.0.0.1:9")
+    assert notes[2] == "rank 5 on node-d: no dump: no agent URL for this node"
+    assert notes[3].startswith("rank 1 on node-a: no Flight Recorder dump: pid ")
+    assert notes[3].endswith("TORCH_NCCL_DEBUG_INFO_PIPE_FILE is not set")
+    assert len(notes) == 4

@@ -1,0 +1,487 @@
+"""Hang -> Diagnosed latency and operator CPU / memory while it watches a 1,024-rank job.
+
+    .venv/bin/python bench/operator_scale.py                  # 1,024 ranks, 5 runs, ~5 min
+    .venv/bin/python bench/operator_scale.py --ranks 256 --runs 3
+    .venv/bin/python bench/operator_scale.py --diagnosis-window 5   # pull 5 s, not 10 s
+
+Per run: ``collscope.operator.simulator`` simulates the job (TP8 x PP4 x DP32 at 1,024 ranks,
+8 GPUs and one pod per node, a GPU hang at ``--onset`` s; seed = run number) and its records
+are shifted so the job starts a few seconds from now. Simulated agents then replay them in real
+time: one aiohttp server in this process answers ``/<node>/v1/ranks``, ``/v1/window`` (the
+records of the asked ranks with ``since <= ts <= min(until, now)``, formatted by the agent's own
+``writer.record_blocks``), ``/v1/stacks`` (one fake stack) and ``/v1/flightrecorder`` (dumps
+derived from the records: the last completed and the in-flight collective per communicator).
+The operator runs in a child process, built as ``collscope-operator`` builds it (every handler,
+the real trigger loop, ``agents.AgentClient`` over HTTP, the analysis engine, remediation)
+against kmock, the Kubernetes emulator of the tests, here in this process (a child-process
+mode of this script, ``--operator``: it only adds the resourceVersion kmock does not assign,
+as the tests' Harness does). The TrainingJob, nodes and pods are created up front.
+
+Measured, per run: fault onset (the simulator's ground truth) -> Diagnosis created (trigger)
+-> phase Diagnosed -> Flight Recorder summary in its status; the operator process's CPU
+(utime + stime from /proc) averaged over the watching phase (job running, before the fault)
+and its RSS at the fault and peak (VmHWM) at the end of the run; the operator's own
+``collscope_operator_analysis_seconds`` (window pull + analysis, scraped from its metrics) and
+the time this process spent formatting that window. Caveat: here one process formats the
+window of all 128 nodes one request after the other, on the same cores as the operator; real
+agents do it in parallel, each on its own node, so the latency here errs on the high side.
+
+One file past the usual 400 lines on purpose: the simulated agents, the cluster and the
+operator's child mode only make sense together, and a benchmark is run, not imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from collscope.nodeagent import api
+from collscope.nodeagent.bundle import tables, writer
+from collscope.operator.simulator import config, topology, truth
+from collscope.operator.simulator import engine as simulator
+
+NS = 1_000_000_000
+LEAD_S = 6.0  # job start after the operator process starts: kopf's start and rank discovery
+WARMUP_S = 3.0  # first seconds of the job left out of the CPU average (baselines filling)
+NAMESPACE = "ml"
+JOB = "llama"
+# Time this process spent formatting the Diagnosis's window (one process here, where each real
+# agent formats its own node's part in parallel) and its size.
+SERVED = {"diagnosis_s": 0.0, "diagnosis_mib": 0.0}
+Indices = np.ndarray[Any, np.dtype[np.intp]]
+COLLECTIVES = {"", "AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce"}
+
+
+# -- the simulated job, replayed -----------------------------------------------------------
+@dataclasses.dataclass
+class Replay:
+    """One simulated run shifted to wall-clock time, indexed per rank for fast windows."""
+
+    bundle: tables.Bundle
+    onset_ns: int
+    culprit: int
+    ops_at: dict[int, tuple[int, int]]  # rank -> row range in bundle.ops (sorted by rank, ts)
+    states_at: dict[int, tuple[int, int]]
+    comms_at: dict[int, Indices]
+
+    @classmethod
+    def simulate(cls, ranks: int, seed: int, duration_s: float, onset_s: float) -> Replay:
+        tp, pp, dp = (8, 4, ranks // 32) if ranks >= 64 else config.default_parallelism(ranks)
+        cfg = config.SimConfig(ranks=ranks, tp=tp, pp=pp, dp=dp, duration_s=duration_s,
+                               onset_s=onset_s, fault=truth.Fault.GPU_HANG, seed=seed)  # fmt: skip
+        sim = simulator.simulate(cfg)
+        b = sim.bundle
+        shift = time.time_ns() + int(LEAD_S * NS) - cfg.start_ns
+        comms, ops, states = b.comms.copy(), b.ops.copy(), b.states.copy()
+        for table, cols in ((comms, ("ts",)), (ops, ("ts", "start", "end")),
+                            (states, ("ts", "start"))):  # fmt: skip
+            for c in cols:
+                table[c] = np.where(table[c] > 0, table[c] + shift, table[c])
+        b = dataclasses.replace(b, comms=comms, ops=ops, states=states, hw=b.hw[:0])
+        assert sim.truth.onset is not None  # a GPU hang always has one
+        return cls(b, sim.truth.onset + shift, sim.truth.culprit_ranks[0],
+                   _ranges(ops), _ranges(states),
+                   {r: np.flatnonzero(comms["rank"] == r) for r in range(ranks)})  # fmt: skip
+
+    def window(self, ranks: list[int], since: int, until: int) -> Iterator[str]:
+        until = min(until, time.time_ns())
+        take_ops: list[Indices] = []
+        take_states: list[Indices] = []
+        take_comms: list[Indices] = []
+        for r in ranks:
+            for at, table, into in ((self.ops_at, self.bundle.ops, take_ops),
+                                    (self.states_at, self.bundle.states, take_states)):  # fmt: skip
+                lo, hi = at.get(r, (0, 0))
+                ts = table["ts"][lo:hi]
+                a, z = np.searchsorted(ts, since), np.searchsorted(ts, until, side="right")
+                into.append(np.arange(lo + a, lo + z))
+            take_comms.append(self.comms_at.get(r, np.arange(0)))
+        b = self.bundle
+        sub = dataclasses.replace(
+            b, comms=b.comms[np.concatenate(take_comms)], ops=b.ops[np.concatenate(take_ops)],
+            states=b.states[np.concatenate(take_states)],
+        )  # fmt: skip
+        return writer.record_blocks(sub)
+
+    def flight_recorder(self, ranks: list[int]) -> dict[str, Any]:
+        """Dumps as torch would write them now: per communicator the last completed collective
+        and the one in flight (the newest state record's), without stacks."""
+        b, now = self.bundle, time.time_ns()
+        dumps = []
+        for r in ranks:
+            pgs: dict[int, dict[str, Any]] = {}
+            lo, hi = self.ops_at.get(r, (0, 0))
+            ops = b.ops[lo:hi][b.ops["ts"][lo:hi] <= now]
+            for c, seq, op in zip(ops["comm"].tolist(), ops["seq"].tolist(), ops["op"].tolist(),
+                                  strict=True):  # fmt: skip
+                pgs[c] = {"done": seq, "enq": seq, "op": b.string(op), "done_op": b.string(op)}
+            lo, hi = self.states_at.get(r, (0, 0))
+            st = b.states[lo:hi][b.states["ts"][lo:hi] <= now]
+            if len(st):
+                last = st[-1]
+                pg = pgs.setdefault(int(last["comm"]), {"done": -1, "done_op": ""})
+                if int(last["seq"]) > pg["done"]:  # no completion of it so far: in flight
+                    pg["enq"], pg["op"] = int(last["seq"]), b.string(int(last["op"]))
+            # torch's collective counters skip point-to-point ops: PP comms are left out; the
+            # desc is the comm name's kind ("dp5" -> "dp"), as DeviceMesh names its groups.
+            pgs = {c: p for c, p in pgs.items() if {p["op"], p["done_op"]} <= COLLECTIVES}
+            name = {int(c): re.sub(r"[^a-z].*", "", b.string(int(n)))
+                    for c, n in b.comms[self.comms_at[r]][["comm", "name"]]}  # fmt: skip
+            dumps.append({
+                "rank": r, "file": f"/tmp/nccl_trace_rank_{r}", "version": "2.5",
+                "pg_config": [{"id": str(c), "name": str(c), "desc": name.get(c, "")}
+                              for c in pgs],
+                "pg_status": [{"id": str(c), "last_enqueued_collective": p["enq"],
+                               "last_completed_collective": p["done"]} for c, p in pgs.items()],
+                "entries": [e for c, p in pgs.items() for e in _entries(c, p)],
+            })  # fmt: skip
+        return {"dumps": dumps, "errors": []}
+
+
+def _entries(comm: int, pg: dict[str, Any]) -> list[dict[str, Any]]:
+    snake = {"AllReduce": "all_reduce", "AllGather": "all_gather", "Broadcast": "broadcast",
+             "ReduceScatter": "reduce_scatter", "Send": "send", "Recv": "recv"}  # fmt: skip
+    out = []
+    for seq, op, state in ((pg["done"], pg["done_op"], "completed"), (pg["enq"], pg["op"], "")):
+        if seq >= 0 and op and (state or seq > pg["done"]):
+            out.append({"pg_id": comm, "collective_seq_id": seq, "is_p2p": op in ("Send", "Recv"),
+                        "profiling_name": f"nccl:{snake.get(op, op.lower())}",
+                        "state": state or "scheduled"})  # fmt: skip
+    return out
+
+
+def _ranges(table: tables.Table) -> dict[int, tuple[int, int]]:
+    ranks, starts = np.unique(table["rank"], return_index=True)
+    ends = [*starts[1:].tolist(), len(table)]
+    return {int(r): (int(s), int(e)) for r, s, e in zip(ranks, starts, ends, strict=True)}
+
+
+def agents_app(replay: list[Replay], gpus: int) -> web.Application:
+    """``/<node>/v1/...`` for every node of the job: the simulated agents."""
+
+    def node_ranks(node: str) -> list[int]:
+        n = int(node.rsplit("-", 1)[1])
+        return list(range(n * gpus, (n + 1) * gpus))
+
+    async def ranks(req: web.Request) -> web.Response:
+        node = req.match_info["node"]
+        infos = [api.RankInfo(rank=r, local_rank=r % gpus, world_size=len(replay[0].comms_at),
+                              pid=100 + r % gpus, pod_name=f"train-{node}", node=node,
+                              pod_namespace=NAMESPACE, ring_path=f"/rings/{r}", health="live")
+                 for r in node_ranks(node)]  # fmt: skip
+        body = api.RanksResponse(node=node, now_ns=time.time_ns(), ranks=infos)
+        return web.json_response(text=body.model_dump_json())
+
+    async def window(req: web.Request) -> web.StreamResponse:
+        q = req.query
+        asked = [int(x) for x in q["ranks"].split(",")]
+        since, until = int(q.get("since", 0)), int(q.get("until", 2**62))
+        t0 = time.perf_counter()
+        body = "".join(replay[0].window(asked, since, until)).encode()
+        # The Diagnosis's pull: every rank of the node over a range (a trigger tick asks for
+        # the sampled ranks only, discovery for an empty range).
+        if len(asked) == gpus and until > since:
+            SERVED["diagnosis_s"] += time.perf_counter() - t0
+            SERVED["diagnosis_mib"] += len(body) / 2**20
+        return web.Response(body=body, content_type="application/x-ndjson")
+
+    async def stacks(req: web.Request) -> web.Response:
+        frames = ["wait (torch/distributed/distributed_c10d.py:1)", "step (train.py:40)"]
+        group = {"frames": frames, "pids": [1], "thread_names": ["MainThread"]}
+        return web.json_response({"groups": [group]})
+
+    async def flight_recorder(req: web.Request) -> web.Response:
+        asked = (await req.json()).get("ranks") or node_ranks(req.match_info["node"])
+        return web.json_response(replay[0].flight_recorder([int(r) for r in asked]))
+
+    app = web.Application(client_max_size=1 << 20)
+    app.router.add_get("/{node}/v1/ranks", ranks)
+    app.router.add_get("/{node}/v1/window", window)
+    app.router.add_post("/{node}/v1/stacks", stacks)
+    app.router.add_post("/{node}/v1/flightrecorder", flight_recorder)
+    return app
+
+
+# -- the cluster: kmock in this process -----------------------------------------------------
+def populate(k: Any, nodes: int) -> None:
+    """CRD resources, namespaces, the Job, its TrainingJob, nodes and one pod per node."""
+    import kmock
+
+    k.resources.load_bundled()
+    for plural, kind in (("trainingjobs", "TrainingJob"), ("diagnoses", "Diagnosis")):
+        k.resources[f"collscope.dev/v1alpha1/{plural}"] = kmock.ResourceInfo(
+            kind=kind, singular=kind.lower(), namespaced=True,
+            verbs={"get", "list", "watch", "create", "patch", "delete"}, subresources={"status"},
+        )  # fmt: skip
+    for ns in (NAMESPACE, "collscope-system"):
+        k.objects["v1/namespaces", None, ns] = {"metadata": {"name": ns, "resourceVersion": "1"}}
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": JOB, "uid": "uid-job",
+             "controller": True}  # fmt: skip
+    k.objects["batch/v1/jobs", NAMESPACE, JOB] = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": JOB, "namespace": NAMESPACE, "uid": "uid-job", "resourceVersion": "1"},
+    }  # fmt: skip
+    for n in range(nodes):
+        node = topology.node_name(n)
+        k.objects["v1/nodes", None, node] = {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "uid": f"uid-{node}", "resourceVersion": "1",
+                         "labels": {"kubernetes.io/hostname": node}},
+            "spec": {},
+        }  # fmt: skip
+        k.objects["v1/pods", NAMESPACE, f"train-{node}"] = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"train-{node}", "namespace": NAMESPACE, "uid": f"uid-{node}",
+                         "resourceVersion": "1", "ownerReferences": [owner],
+                         "annotations": {"collscope.dev/diagnose": "true"}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
+            "status": {"hostIP": "127.0.0.1", "phase": "Running"},
+        }  # fmt: skip
+    k.objects["collscope.dev/v1alpha1/trainingjobs", NAMESPACE, JOB] = {
+        "apiVersion": "collscope.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": JOB, "namespace": NAMESPACE, "uid": "uid-tj", "resourceVersion": "1"},
+        "spec": {"owner": {"apiVersion": "batch/v1", "kind": "Job", "name": JOB, "uid": "uid-job"}},
+    }  # fmt: skip
+
+
+def diagnoses(k: Any) -> list[dict[str, Any]]:
+    return [dict(o) for key, o in list(k.objects.items())
+            if key[0].plural == "diagnoses" and not o.deleted]  # fmt: skip
+
+
+# -- the operator process -------------------------------------------------------------------
+def operator_main(kube_url: str, agent_url: str, metrics_port: int, window_s: float) -> None:
+    """``--operator`` mode: collscope-operator as ``__main__.main`` builds it, against kmock."""
+    import kopf
+    import kubernetes
+    import prometheus_client
+
+    from collscope.operator import __main__ as main
+    from collscope.operator import jobs, kube, metrics, settings
+
+    class Stamping(kube.Cluster):  # kmock assigns no resourceVersion; kopf needs one
+        async def create_diagnosis(self, body: Any) -> bool:
+            meta = {**body["metadata"], "resourceVersion": "1",
+                    "uid": "uid-" + body["metadata"]["name"]}  # fmt: skip
+            return await super().create_diagnosis({**body, "metadata": meta})
+
+    cfg = settings.Settings(
+        agents=settings.AgentSettings(url_template=agent_url + "/{node}"),
+        metrics_port=0, health_port=0, diagnosis_window_s=window_s,
+    )  # fmt: skip
+    meters = metrics.OperatorMetrics()
+    prometheus_client.start_http_server(metrics_port, "127.0.0.1", registry=meters.registry)
+    cluster = Stamping(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=kube_url)))
+    directory = jobs.template_directory(cfg.agents.url_template)
+    registry, memo = main.build(cfg, cluster, directory, meters=meters)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=kube_url)
+
+    opts = kopf.OperatorSettings()
+    opts.peering.standalone = True
+    opts.posting.enabled = False  # Events: kmock stores them, nobody reads them here
+    opts.background.instant_exit_timeout = 2.0
+    asyncio.run(kopf.operator(registry=registry, settings=opts, clusterwide=True, memo=memo))
+
+
+class Proc:
+    """CPU seconds and memory of a process, from /proc."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s(self) -> float:
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime, stime
+
+    def mem_mib(self, key: str) -> float:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+# -- one run ---------------------------------------------------------------------------------
+async def run_once(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    import kmock
+
+    nodes = args.ranks // 8
+    duration = args.onset + args.after
+    replay = [Replay.simulate(args.ranks, seed, duration, args.onset)]
+    runner = web.AppRunner(agents_app(replay, 8), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    out: dict[str, Any] = {"seed": seed, "truth": replay[0].culprit}
+    SERVED.update(diagnosis_s=0.0, diagnosis_mib=0.0)
+    metrics_port = _free_port()
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k) as server:
+        populate(k, nodes)
+        url = str(server.url).rstrip("/")
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--operator",
+                url,
+                f"http://127.0.0.1:{port}",
+                str(metrics_port),
+                str(args.diagnosis_window),
+            ],
+            stderr=subprocess.DEVNULL if not args.verbose else None,
+        )
+        proc = Proc(child.pid)
+        start_ns = int(replay[0].bundle.comms["ts"].min())
+        onset_ns = replay[0].onset_ns
+        try:
+            await _until(lambda: time.time_ns() >= start_ns + WARMUP_S * NS, child)
+            cpu0, t0 = proc.cpu_s(), time.monotonic()
+            await _until(lambda: time.time_ns() >= onset_ns, child)
+            out["cpu_pct"] = 100 * (proc.cpu_s() - cpu0) / (time.monotonic() - t0)
+            out["rss_mib"] = proc.mem_mib("VmRSS")
+            seen: dict[str, float] = {}
+
+            def progress() -> bool:
+                for d in diagnoses(k):
+                    st = d.get("status") or {}
+                    now = time.time_ns()
+                    seen.setdefault("created", now)
+                    if st.get("phase") in ("Diagnosed", "Remediated"):
+                        seen.setdefault("diagnosed", now)
+                        out["category"] = st.get("category")
+                        out["culprit"] = st.get("culpritRank")
+                    if "flightRecorder" in st:
+                        seen.setdefault("evidence", now)
+                        out["fr"] = st["flightRecorder"]["summary"]
+                        out["fr_notes"] = st["flightRecorder"].get("notes", [])
+                        out["fr_asked"] = st["flightRecorder"].get("ranksAsked")
+                return "evidence" in seen
+
+            await _until(progress, child, timeout_s=args.after + 30)
+            for what, at in seen.items():
+                out[f"{what}_s"] = (at - onset_ns) / NS
+            out["hwm_mib"] = proc.mem_mib("VmHWM")
+            out["analysis_s"] = _analysis_s(metrics_port)
+            out.update(SERVED)
+        finally:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            await runner.cleanup()
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?"
+            )
+    except OSError:
+        return platform.processor() or "?"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _analysis_s(port: int) -> float:
+    """The operator's own ``collscope_operator_analysis_seconds`` (window pull + analysis)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] not in "#")
+    n = float(values.get("collscope_operator_analysis_seconds_count", "0"))
+    return float(values.get("collscope_operator_analysis_seconds_sum", "nan")) / max(n, 1)
+
+
+async def _until(check: Any, child: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not check():
+        if child.poll() is not None:
+            raise RuntimeError(f"the operator exited with {child.returncode} (try --verbose)")
+        if time.monotonic() > end:
+            return
+        await asyncio.sleep(0.02)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--ranks", type=int, default=1024, help="a multiple of 64 (default 1024)")
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--onset", type=float, default=14.0, help="fault onset, s after job start")
+    p.add_argument("--after", type=float, default=10.0, help="s simulated after the onset")
+    p.add_argument("--verbose", action="store_true", help="show the operator's log")
+    p.add_argument(
+        "--diagnosis-window",
+        type=float,
+        default=10.0,
+        help="s of records pulled for root cause (the operator's default: 10)",
+    )
+    p.add_argument("--operator", nargs=4, help=argparse.SUPPRESS)  # the child process
+    args = p.parse_args()
+    if args.operator:
+        kube_url, agent_url, port, window_s = args.operator
+        operator_main(kube_url, agent_url, int(port), float(window_s))
+        return 0
+    print(f"# .venv/bin/python bench/operator_scale.py --ranks {args.ranks} --runs {args.runs} "
+          f"--onset {args.onset:g} --after {args.after:g} "
+          f"--diagnosis-window {args.diagnosis_window:g}")  # fmt: skip
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"# {platform.machine()}, {os.cpu_count()} CPUs ({_cpu_model()}), "
+          f"Python {platform.python_version()}, "
+          f"{when}")  # fmt: skip
+    rows = []
+    for i in range(args.runs):
+        r = asyncio.run(run_once(args, seed=i + 1))
+        rows.append(r)
+        print(f"run {i + 1}: trigger {r.get('created_s', float('nan')):.2f} s, Diagnosed "
+              f"{r.get('diagnosed_s', float('nan')):.2f} s, Flight Recorder "
+              f"{r.get('evidence_s', float('nan')):.2f} s after onset (pull + analysis "
+              f"{r.get('analysis_s', float('nan')):.2f} s, of which the simulated agents "
+              f"formatting {r['diagnosis_mib']:.0f} MiB: {r['diagnosis_s']:.2f} s); "
+              f"{r.get('category')} rank "
+              f"{r.get('culprit')} (truth {r['truth']}); watching CPU {r['cpu_pct']:.1f} %, "
+              f"RSS {r['rss_mib']:.0f} MiB, peak {r.get('hwm_mib', float('nan')):.0f} MiB",
+              flush=True)  # fmt: skip
+        print(f"  flightRecorder ({r.get('fr_asked')} ranks asked): {r.get('fr', '-')[:400]}")
+        for note in r.get("fr_notes", [])[:3]:
+            print(f"  note: {note}")
+    lat = [r["diagnosed_s"] for r in rows if "diagnosed_s" in r]
+    print(f"\n{args.ranks} ranks, {len(rows)} runs: hang -> Diagnosed median "
+          f"{statistics.median(lat) if lat else float('nan'):.2f} s, max "
+          f"{max(lat) if lat else float('nan'):.2f} s ({len(lat)}/{len(rows)} diagnosed, "
+          f"{sum(r.get('culprit') == r['truth'] for r in rows)} with the right rank); operator "
+          f"watching CPU median {statistics.median(r['cpu_pct'] for r in rows):.1f} % of one "
+          f"core, RSS median {statistics.median(r['rss_mib'] for r in rows):.0f} MiB, peak "
+          f"{max(r.get('hwm_mib', 0) for r in rows):.0f} MiB")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
