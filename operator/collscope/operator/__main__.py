@@ -4,9 +4,12 @@
 adapter (in-cluster service account or the current kubeconfig), the agent directory (the
 ``COLLSCOPE_AGENT_URL`` template), the metrics registry (served on ``COLLSCOPE_METRICS_PORT``),
 registers every handler on a fresh kopf registry (``build``) and runs kopf cluster-wide with
-its liveness endpoint on ``COLLSCOPE_HEALTH_PORT`` (``/healthz``). Peering: kopf's default
-(a ``ClusterKopfPeering`` named ``default`` when it exists, else standalone); give each replica
-a distinct ``COLLSCOPE_PRIORITY`` for an active/standby pair.
+its liveness endpoint on ``COLLSCOPE_HEALTH_PORT`` (``/healthz``).
+
+Peering: the ``ClusterKopfPeering`` named by ``COLLSCOPE_PEERING`` (mandatory then; the chart
+names one after the release so no other kopf operator shares it), else kopf's default
+(``default`` when it exists, else standalone); give each replica a distinct
+``COLLSCOPE_PRIORITY`` for an active/standby pair.
 """
 
 from __future__ import annotations
@@ -81,10 +84,27 @@ def webhook_server(config: settings.Settings) -> kopf.WebhookServer:
     )  # fmt: skip
 
 
+def configure_kopf(
+    ks: kopf.OperatorSettings, config: settings.Settings, *, priority: int, peering: str
+) -> None:
+    """kopf's settings at startup: peering, Event posting, exit behaviour, the webhook."""
+    ks.peering.priority = priority
+    if peering:  # our own peering object: never shared with other kopf operators
+        ks.peering.name = peering
+        ks.peering.mandatory = True
+    ks.posting.level = 20  # logging.INFO: Events for every action
+    # A trigger tick lasts at most an agent timeout: let timers finish it on exit/pause
+    # instead of being orphaned.
+    ks.background.instant_exit_timeout = 2.0
+    if config.webhook_port:
+        ks.admission.server = webhook_server(config)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = settings.Settings.from_env(os.environ)
         priority = int(os.environ.get("COLLSCOPE_PRIORITY", "0") or 0)
+        peering = os.environ.get("COLLSCOPE_PEERING", "").strip()
         api = kube.Cluster.from_environment_cluster()
     except (errors.CollscopeError, ValueError) as e:
         print(f"collscope-operator: error: {e}", file=sys.stderr)
@@ -99,13 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: object) -> None:
-        settings.peering.priority = priority
-        settings.posting.level = 20  # logging.INFO: Events for every action
-        # A trigger tick lasts at most an agent timeout: let timers finish it on exit/pause
-        # instead of being orphaned.
-        settings.background.instant_exit_timeout = 2.0
-        if config.webhook_port:
-            settings.admission.server = webhook_server(config)
+        configure_kopf(settings, config, priority=priority, peering=peering)
 
     asyncio.run(
         kopf.operator(registry=registry, clusterwide=True, memo=memo, liveness_endpoint=liveness)

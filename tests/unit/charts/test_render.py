@@ -105,7 +105,12 @@ def test_peering_object_matches_its_crd(chart: Any) -> None:
     peering = chart.find(docs, "ClusterKopfPeering")
     crd = yaml.safe_load((chart.dir / "crds/kopf.dev_clusterkopfpeerings.yaml").read_text())
     assert peering["apiVersion"] == f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}"
-    assert peering["metadata"]["name"] == "default"  # kopf's default peering name
+    # Our own peering object, named to every replica: kopf's shared "default" would let
+    # another kopf operator's replicas pause ours.
+    assert peering["metadata"]["name"] != "default"
+    for d in [d for d in docs if d["kind"] == "Deployment"]:
+        env = chart.env(d["spec"]["template"]["spec"]["containers"][0])
+        assert env["COLLSCOPE_PEERING"] == peering["metadata"]["name"]
     deployments = [d for d in docs if d["kind"] == "Deployment"]
     priorities = {chart.env(d["spec"]["template"]["spec"]["containers"][0])["COLLSCOPE_PRIORITY"]
                   for d in deployments}  # fmt: skip

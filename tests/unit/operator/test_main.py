@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kopf
 import kubernetes
 import pytest
 from prometheus_client import exposition
@@ -81,3 +82,13 @@ async def test_liveness_endpoint_reports_the_watched_jobs(harness: Any) -> None:
             except aiohttp.ClientConnectionError:
                 await asyncio.sleep(0.1)
         assert body["trainingjobs"] == 0
+
+
+def test_peering_is_ours_when_named() -> None:
+    config = settings.Settings.from_env({})
+    ks = kopf.OperatorSettings()
+    main.configure_kopf(ks, config, priority=100, peering="collscope")
+    assert (ks.peering.name, ks.peering.mandatory, ks.peering.priority) == ("collscope", True, 100)
+    ks = kopf.OperatorSettings()
+    main.configure_kopf(ks, config, priority=0, peering="")
+    assert (ks.peering.name, ks.peering.mandatory) == ("default", False)  # kopf's auto-detection
