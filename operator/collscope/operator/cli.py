@@ -4,7 +4,7 @@
     collscope simulate --kind flows --gpus 512 --flow-fault congested-switch --out ./fabric
     collscope simulate --kind patterns --workers 3400 --pattern-case pin-memory --out ./prof
     collscope analyze ./bundle [--json]
-    collscope demo
+    collscope demo [--fault nic-down] [--seed 7] [--simulated]
     collscope ring dump /run/collscope/collscope-node7-pid4242-0.ring [MORE.ring ...]
     collscope uncordon NODE | collscope breaker show|reset --by NAME   (node_commands.py)
 
@@ -30,6 +30,9 @@ from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis import engine as analysis
 from collscope.operator.analysis.flows import engine as flow_analysis
 from collscope.operator.analysis.flows import table as flow_table
+from collscope.operator.onebox import box as onebox_box
+from collscope.operator.onebox import demo as onebox_demo
+from collscope.operator.onebox import faults as onebox_faults
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
 
@@ -119,15 +122,19 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="simulate a 64-rank job with a random fault and diagnose it",
-        description="Simulate a 64-rank job (TP=8, PP=2, DP=4) with a randomly chosen fault, "
-        "write its bundle, analyse it and print the diagnosis beside the truth.",
+        help="run the whole data path on this machine, inject a fault and diagnose it",
+        description="Start an 8-rank job on 2 simulated nodes on this machine: every rank a "
+        "process driving the real NCCL profiler plugin (make -C native), a real node agent per "
+        "node, the operator's trigger loop and analysis pulling from them. Inject a fault, "
+        "print the Diagnosis as `kubectl get diagnoses -o wide` would, its evidence, and write "
+        "the window as a bundle plus a self-contained HTML report. --simulated runs the "
+        "64-rank simulator instead (no plugin needed).",
     )
     demo.add_argument(
         "--fault",
-        choices=truth.FAULT_NAMES[1:],
+        choices=truth.FAULT_NAMES,
         default=None,
-        help="inject this fault instead of a random one",
+        help="inject this fault instead of a random one ('none': a healthy run)",
     )
     demo.add_argument(
         "--seed",
@@ -139,7 +146,19 @@ def _parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="where to keep the bundle (default: a new temporary directory)",
+        help="where to keep the bundle (default: a new temporary directory); the HTML report "
+        "is written beside it",
+    )
+    demo.add_argument(
+        "--simulated",
+        action="store_true",
+        help="simulate a 64-rank job chunk by chunk instead (the simulator; no plugin, no agents)",
+    )
+    demo.add_argument(
+        "--plugin",
+        default=None,
+        help="the built libnccl-profiler-collscope.so (default: $COLLSCOPE_PLUGIN, else "
+        "native/build/ of this checkout)",
     )
     demo.set_defaults(func=_cmd_demo)
 
@@ -331,6 +350,15 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.simulated:
+        return _cmd_demo_simulated(args)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10_000)
+    fault_name = args.fault or random.Random(seed).choice(onebox_faults.RELIABLE)
+    plugin = onebox_box.find_plugin(args.plugin)
+    return onebox_demo.run(fault_name, seed=seed, out=args.out, plugin=plugin).code
+
+
+def _cmd_demo_simulated(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10_000)
     fault_name = args.fault or random.Random(seed).choice(truth.FAULT_NAMES[1:])
     cfg = config.SimConfig(
@@ -457,14 +485,7 @@ def _unset(value: int | None) -> str:
 
 def verdict(diag: diagnosis.Diagnosis, t: truth.Truth) -> bool:
     """Does the diagnosis agree with the truth: top-1 culprit and category (or no anomaly)?"""
-    if t.expected_category is None:
-        return not diag.anomaly
-    return (
-        diag.anomaly
-        and diag.category == t.expected_category
-        and bool(diag.culprits)
-        and diag.culprits[0].rank in t.culprit_ranks
-    )
+    return onebox_demo.verdict(diag, t)
 
 
 def _truth_json(t: truth.Truth) -> str:

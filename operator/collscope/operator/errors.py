@@ -12,6 +12,7 @@ Hierarchy::
     ├── PolicyError(ValueError)                   a policy or breaker setting out of range
     ├── SettingsError(ValueError)                 an operator environment variable unusable
     ├── KubeError                                 the Kubernetes API failed (kube.py maps it)
+    ├── PluginError(RuntimeError)                 the plugin .so missing or refusing a call (onebox)
     └── AgentError                                a node agent answered badly (agents.py maps it)
         └── AgentUnreachable                      ... or could not be reached at all
 
@@ -76,3 +77,7 @@ class AgentUnreachable(AgentError):  # noqa: N818 - reads as the fact it reports
 
 class SettingsError(CollscopeError, ValueError):
     """An environment variable of the operator that cannot be used; ``str()`` names it."""
+
+
+class PluginError(CollscopeError, RuntimeError):
+    """The NCCL profiler plugin cannot be found or loaded, or refused a call (onebox)."""

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from collscope.nodeagent import ringlayout
+from collscope.operator.onebox import nccl as abi
 
 # Any fixed epoch time works; a realistic one keeps 19-digit timestamps.
 T0 = 1_732_001_234_000_000_000
@@ -231,8 +232,9 @@ def scenario() -> RingBuilder:
 
 
 # -- the real plugin, for the agent's tests (issue 4) ----------------------------------------
-# tests/unit/native/conftest.py builds the plugin and mirrors NCCL's side of its ABI; conftest
-# modules cannot be imported by name under --import-mode=importlib, so it is loaded by path.
+# tests/unit/native/conftest.py builds the plugin (its session fixture); conftest modules cannot
+# be imported by name under --import-mode=importlib, so it is loaded by path. NCCL's side of the
+# ABI is ``collscope.operator.onebox.nccl``.
 
 
 def _native_conftest() -> Any:
@@ -257,7 +259,7 @@ class PluginOp:
         n = rank.nccl
         self.rank, self.nch, self.nsteps = rank, nch, nsteps
         self.handle, enqueued = n.enqueue(
-            rank.ctx, native.COLL, seqNumber=seq, func=b"AllReduce", count=1 << 20,
+            rank.ctx, abi.COLL, seqNumber=seq, func=b"AllReduce", count=1 << 20,
             datatype=b"ncclFloat32", nChannels=nch, algo=b"RING", proto=b"SIMPLE",
         )  # fmt: skip
         enqueued()
@@ -268,16 +270,16 @@ class PluginOp:
             for send, peer in ((True, (rank.comm_rank + 1) % rank.nranks),
                                (False, (rank.comm_rank - 1) % rank.nranks)):  # fmt: skip
                 h = n.proxy_op(rank.ctx, self.handle, ch, peer, nsteps, send=send)
-                n.record(h, native.PROXY_OP_IN_PROGRESS)
+                n.record(h, abi.PROXY_OP_IN_PROGRESS)
                 self.proxy[(ch, send)] = h
-            self.kernel[ch] = n.start(rank.ctx, native.KERNEL_CH, self.handle, channelId=ch)
+            self.kernel[ch] = n.start(rank.ctx, abi.KERNEL_CH, self.handle, channelId=ch)
 
     def advance(self, steps: int = 1) -> None:
         """``steps`` more chunks sent and received on every channel."""
         n = self.rank.nccl
         for step in range(self.done_steps, min(self.nsteps, self.done_steps + steps)):
             for (_, send), h in self.proxy.items():
-                states = native.SEND_STATES if send else native.RECV_STATES
+                states = abi.SEND_STATES if send else abi.RECV_STATES
                 n.step(self.rank.ctx, h, step, states, True)
         self.done_steps = min(self.nsteps, self.done_steps + steps)
 
@@ -287,7 +289,7 @@ class PluginOp:
         for h in self.proxy.values():
             n.stop(h)
         for ch, h in self.kernel.items():
-            n.record(h, native.KERNEL_CH_STOP, 50_000 + ch)
+            n.record(h, abi.KERNEL_CH_STOP, 50_000 + ch)
             n.stop(h)
 
 
@@ -335,10 +337,10 @@ def plugin_rank(
         }
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        lib = tmp_path / f"plugin-copy{len(made)}" / native.LIB_NAME
+        lib = tmp_path / f"plugin-copy{len(made)}" / abi.LIB_NAME
         lib.parent.mkdir()
         shutil.copy(plugin_build, lib)
-        nccl = native.Nccl(lib, api)
+        nccl = abi.Nccl(lib, api)
         before = set(trace_dir.glob("*.ring"))
         ctx = nccl.init(COMM, "dp0", 1, world, rank)  # the ring is created at the first init
         (path,) = set(trace_dir.glob("*.ring")) - before

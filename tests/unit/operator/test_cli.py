@@ -101,7 +101,10 @@ def test_simulate_then_analyze_json(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_demo_diagnoses_fixed_fault(tmp_path: Path) -> None:
-    res = _run("demo", "--seed", "3", "--fault", "gpu-power-limit", "--out", str(tmp_path / "demo"))
+    res = _run(
+        "demo", "--simulated", "--seed", "3", "--fault", "gpu-power-limit",
+        "--out", str(tmp_path / "demo"),
+    )  # fmt: skip
     assert "Traceback" not in res.stderr
     assert "verdict:" in res.stdout
     assert res.returncode == 0, res.stdout + res.stderr
