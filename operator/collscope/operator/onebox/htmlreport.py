@@ -10,7 +10,8 @@ No external assets (inline CSS and SVG), so the file can be mailed or attached t
   start to end, the operation in flight at the end drawn to the last sample (hatched).
 - The culprit's flows: per (channel, direction) of its last in-flight operation, chunks done
   (send) or consumed (recv) over time, from the agents' 10 Hz state samples (Mycroft §4.2's
-  real-time state log).
+  real-time state log), and a table of every counter at the last sample (CCL-D §5's
+  send ready/sent/done and recv posted/arrived/consumed): where in the data path it stopped.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ pre{background:#f4f5f7;padding:.8em;overflow-x:auto;font-size:.85em}
 .cell b{font-size:1.15em} .legend span{display:inline-block;padding:2px 8px;margin-right:6px;
 border-radius:4px;color:#fff;font-size:.8em} .node{margin:.4em 0 .2em;font-weight:600}
 li{margin:.2em 0}
+table.counters{border-collapse:collapse;font-size:.85em}
+.counters td,.counters th{border:1px solid #dadce0;padding:3px 10px;text-align:right}
 """
 
 
@@ -68,6 +71,7 @@ def render(
         if top is not None:
             parts += [f"<h2>Timeline of rank {top} and its neighbours</h2>", _timeline(bundle, top)]
             parts += [f"<h2>Flows of rank {top}'s last operation</h2>", _flows(bundle, top)]
+            parts.append(_last_counters(bundle, top))
     parts += ["<h2>Diagnosis and evidence</h2>", f"<pre>{html.escape(summary)}</pre>"]
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -155,7 +159,8 @@ def _timeline(bundle: tables.Bundle, culprit: int) -> str:
         st = bundle.states[bundle.states["rank"] == r]
         if len(st):
             last = st[np.argmax(st["ts"])]
-            if len(ops) == 0 or int(last["seq"]) > int(ops["seq"].max()):
+            same_comm = ops[ops["comm"] == last["comm"]]
+            if len(same_comm) == 0 or int(last["seq"]) > int(same_comm["seq"].max()):
                 x0 = left + (max(int(last["start"]), start) - start) * scale
                 x1 = left + (int(last["ts"]) - start) * scale
                 svg.append(
@@ -210,6 +215,43 @@ def _flows(bundle: tables.Bundle, culprit: int) -> str:
         f"{(t1 - t0) / NS:.1f} s of samples</text></svg>"
     )
     return "".join(svg)
+
+
+def _last_counters(bundle: tables.Bundle, culprit: int) -> str:
+    """Every counter of the culprit's flows at its latest state sample, as a table."""
+    rows = np.flatnonzero(bundle.states["rank"] == culprit)
+    if len(rows) == 0:
+        return ""
+    last = int(rows[np.argmax(bundle.states["ts"][rows])])
+    state = bundle.states[last]
+    head = (
+        "<table class='counters'><tr><th>channel</th><th>direction</th><th>peer</th>"
+        "<th>total</th><th>ready / posted</th><th>sent / arrived</th><th>done / consumed</th>"
+        "<th>idle</th></tr>"
+    )
+    body = []
+    for f in bundle.state_flows(last):
+        send = int(f["dir"]) == tables.SEND
+        cells = (
+            (int(f["ready"]), int(f["sent"]), int(f["done"]))
+            if send
+            else (int(f["posted"]), int(f["done"]), int(f["consumed"]))
+        )
+        idle = int(f["idle_ns"]) / NS if int(f["idle_ns"]) >= 0 else None
+        body.append(
+            f"<tr><td>{int(f['channel'])}</td><td>{tables.DIRS[int(f['dir'])]}</td>"
+            f"<td>{'to' if send else 'from'} rank {int(f['peer'])}</td><td>{int(f['total'])}</td>"
+            + "".join(f"<td>{v}</td>" for v in cells)
+            + f"<td>{'-' if idle is None else f'{idle:.1f} s'}</td></tr>"
+        )
+    caption = (
+        f"<p>At the last sample (seq {int(state['seq'])}, "
+        f"{(int(state['ts']) - int(state['start'])) / NS:.1f} s after the operation started): "
+        "a send chunk is ready when the GPU produced it, sent when it went on the network, done "
+        "when the network delivered it; a receive is posted, arrived, then consumed by the GPU."
+        "</p>"
+    )
+    return caption + head + "".join(body) + "</table>"
 
 
 def ranks_list(ranks: Sequence[int]) -> str:

@@ -40,6 +40,9 @@ def test_page_is_self_contained_and_its_svgs_are_well_formed() -> None:
         ET.fromstring("<svg" + svg.split("</svg>")[0] + "</svg>")
     top = result.culprits[0].rank
     assert f"Timeline of rank {top} and its neighbours" in page
+    # the hung operation is drawn in flight, and its counters show where the data path stopped
+    assert "fill='url(#h)'" in page
+    assert "<table class='counters'>" in page and "done / consumed" in page
 
 
 def test_grid_colours_culprits_and_stalled_ranks() -> None:
