@@ -219,3 +219,21 @@ def test_missing_plugin_says_how_to_build_it(tmp_path: pathlib.Path) -> None:
     assert res.stderr.strip().splitlines() == [
         f"collscope demo: error: COLLSCOPE_PLUGIN={tmp_path / 'nope.so'}: no such file"
     ]
+
+
+def test_occupied_out_is_refused_before_the_run(
+    plugin: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    import os
+
+    (tmp_path / "mine.txt").write_text("keep")
+    res = subprocess.run(
+        [sys.executable, "-m", "collscope.operator.cli", "demo", "--fault", "nic-down",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=30, check=False,
+        env={**os.environ, "COLLSCOPE_PLUGIN": str(plugin)},
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "exists and is neither empty nor a bundle directory" in res.stderr
+    assert "trigger tick" not in res.stdout  # nothing was started
+    assert (tmp_path / "mine.txt").read_text() == "keep"

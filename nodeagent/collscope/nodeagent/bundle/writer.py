@@ -80,10 +80,7 @@ def write(
     extras = _checked_extras(extra_files or {}, flows=net_flows is not None)
     job_text = _job_json(bundle.job)
     archive = target.name.endswith(ARCHIVE_SUFFIXES)
-    if not archive and (target.is_symlink() or target.exists()) and not _replaceable(target):
-        raise FileExistsError(
-            errno.EEXIST, "exists and is neither empty nor a bundle directory", str(target)
-        )
+    check_target(target)
     staging = _partial(target)
     os.mkdir(staging)
     packed = staging.with_name(staging.name + ".tar.gz")
@@ -312,6 +309,18 @@ def _publish_dir(staging: pathlib.Path, target: pathlib.Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def check_target(out: str | os.PathLike[str]) -> None:
+    """``FileExistsError`` when ``write`` would refuse ``out`` (see there): lets a command say
+    so before it spends time making the bundle."""
+    target = pathlib.Path(out)
+    if target.name.endswith(ARCHIVE_SUFFIXES):
+        return
+    if (target.is_symlink() or target.exists()) and not _replaceable(target):
+        raise FileExistsError(
+            errno.EEXIST, "exists and is neither empty nor a bundle directory", str(target)
+        )
 
 
 def _replaceable(path: pathlib.Path) -> bool:

@@ -80,6 +80,7 @@ def run(
     t_start = time.perf_counter()
     layout = layout or box.Layout(job="demo")
     out = out or pathlib.Path(tempfile.mkdtemp(prefix="collscope-demo-")) / "bundle"
+    writer.check_target(out)  # before the run, not after it
     root = pathlib.Path(tempfile.mkdtemp(prefix="collscope-onebox-"))
     what = "no fault (a healthy run)" if fault == "none" else f"injecting '{fault}'"
     say(

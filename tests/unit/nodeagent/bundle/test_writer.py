@@ -139,6 +139,9 @@ def test_existing_outputs(bundle: tables.Bundle, tmp_path: pathlib.Path) -> None
     (full / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError):
         writer.write(bundle, full)
+    with pytest.raises(FileExistsError, match="neither empty nor a bundle"):
+        writer.check_target(full)  # what a command asks before it makes the bundle
+    writer.check_target(tmp_path / "new")
     (full / "job.json").write_text("{}")
     (full / "sub").mkdir()
     with pytest.raises(FileExistsError):
