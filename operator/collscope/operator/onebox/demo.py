@@ -154,7 +154,10 @@ def run(
     say(summary)
     say("")
     say(f"injected: {injected}")
-    say(f"verdict:  {'CORRECT' if ok else 'MISMATCH'} (top culprit and category{latency})")
+    judged = (
+        "no Diagnosis on a healthy run" if inj is None else f"top culprit and category{latency}"
+    )
+    say(f"verdict:  {'CORRECT' if ok else 'MISMATCH'} ({judged})")
     if outcome.analysed_in_s:
         say(f"analysed in {outcome.analysed_in_s:.1f} s; whole demo {elapsed:.1f} s")
     if path is not None:
