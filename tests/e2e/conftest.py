@@ -10,6 +10,11 @@ the TrainingJob pre-created; the operator finds the agents through its URL templ
 
 The Harness is the operator tests' (``tests/unit/operator/conftest.py``), loaded by path:
 conftest modules cannot be imported by name under ``--import-mode=importlib``.
+
+``onebox`` shares the ranks' state through a memory-mapped file; a test parametrised
+indirectly with ``"tcp"`` gets the TCP fabric a workload on a cluster uses instead.
+``cluster``: with ``--cluster KUBECONFIG`` the options of ``clusterkit.py`` (the real-cluster
+run, ``test_cluster.py``); without it, every test using it skips.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -57,10 +63,39 @@ def _operator_conftest() -> Any:
 Harness = _operator_conftest().Harness
 
 
+def load_clusterkit() -> Any:
+    """``tests/e2e/clusterkit.py``, loaded by path (no test module imports by name here)."""
+    path = ROOT / "tests" / "e2e" / "clusterkit.py"
+    if "collscope_e2e_clusterkit" in sys.modules:
+        return sys.modules["collscope_e2e_clusterkit"]
+    spec = importlib.util.spec_from_file_location("collscope_e2e_clusterkit", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
-def cluster_config(request: pytest.FixtureRequest) -> str | None:
-    value = request.config.getoption("--cluster", default=None)
-    return None if value is None else str(value)
+def clusterkit() -> Any:
+    return load_clusterkit()
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest, clusterkit: Any) -> Any:
+    """``clusterkit.Options`` of ``--cluster``; skips (saying how to run it) without it."""
+    opts = clusterkit.Options.from_pytest(request.config.getoption, os.environ)
+    if opts is None:
+        pytest.skip(
+            "needs a real cluster: pytest tests/e2e --cluster KUBECONFIG (with the images "
+            "built and loaded; README 'End-to-end on kind')"
+        )
+    missing = [tool for tool in ("helm", "kubectl") if shutil.which(tool) is None]
+    if missing:
+        pytest.fail(f"--cluster given, but {', '.join(missing)} not on PATH", pytrace=False)
+    if not pathlib.Path(opts.kubeconfig).is_file():
+        pytest.fail(f"--cluster {opts.kubeconfig}: no such kubeconfig file", pytrace=False)
+    return opts
 
 
 @pytest.fixture(scope="session")
@@ -81,9 +116,13 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 @pytest.fixture
-def onebox(plugin: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[box.OneBox]:
-    """Not started: a test starts it with its fault (``start(injection)``), then ``arm``s it."""
-    b = box.OneBox(LAYOUT, tmp_path / "box", plugin, seed=7)
+def onebox(
+    plugin: pathlib.Path, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> Iterator[box.OneBox]:
+    """Not started: a test starts it with its fault (``start(injection)``), then ``arm``s it.
+    ``request.param`` (indirect parametrisation): the ranks' state, "mmap" unless told."""
+    state: Literal["mmap", "tcp"] = getattr(request, "param", "mmap")
+    b = box.OneBox(LAYOUT, tmp_path / "box", plugin, seed=7, state=state)
     try:
         yield b
     finally:
@@ -151,12 +190,7 @@ class E2E:
 
 
 @pytest.fixture
-def e2e(kmock: Any, onebox: box.OneBox, cluster_config: str | None) -> E2E:
-    if cluster_config is not None:
-        pytest.skip(
-            "--cluster: running the e2e suite against a real cluster (install the chart, run a "
-            "workload image driving the plugin, kubectl get diagnoses) is not implemented yet"
-        )
+def e2e(kmock: Any, onebox: box.OneBox) -> E2E:
     h = Harness(kmock)
     h.setup()
     return E2E(h, onebox)

@@ -81,3 +81,9 @@ class SettingsError(CollscopeError, ValueError):
 
 class PluginError(CollscopeError, RuntimeError):
     """The NCCL profiler plugin cannot be found or loaded, or refused a call (onebox)."""
+
+
+class FabricError(CollscopeError, ConnectionError):
+    """The one-box's rank-state fabric (``onebox.fabric``) could not be reached, or answered
+    with something that is not its protocol; ``str()`` names the address and what was wrong.
+    """

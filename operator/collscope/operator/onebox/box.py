@@ -6,6 +6,9 @@ where every rank's pod has its ring volume
 agent (``python -m collscope.nodeagent --discovery kubelet ... run``) listening on the node's
 own loopback address ``127.0.0.<i + 2>`` (all on one port, as a DaemonSet's pods would be on
 their nodes' IPs). For each rank: a process running ``rank.main`` (the real plugin, ctypes).
+The ranks share their chunk counters through one memory-mapped file (``state="mmap"``), or
+through the TCP fabric a workload on a cluster uses (``state="tcp"``: a ``fabric.Server`` in
+this process on ``127.0.0.1``, one ``fabric.Client`` per rank).
 
     with box.OneBox(box.Layout(nodes=2, ranks_per_node=4), root, plugin) as b:
         b.start(injection)
@@ -26,12 +29,12 @@ import sys
 import time
 import uuid
 from types import TracebackType
-from typing import Final
+from typing import Final, Literal
 
 import httpx
 
 from collscope.operator import errors
-from collscope.operator.onebox import faults, nccl, rank
+from collscope.operator.onebox import fabric, faults, nccl, rank
 
 RING_VOLUME: Final = "collscope-trace"
 NAMESPACE: Final = "ml"
@@ -123,6 +126,7 @@ class OneBox:
         timing: rank.Timing | None = None,
         seed: int = 0,
         agent_sample_interval_s: float = 0.1,
+        state: Literal["mmap", "tcp"] = "mmap",
     ) -> None:
         self.layout, self.root, self.plugin = layout, root, plugin
         self.timing, self.seed = timing or rank.Timing(), seed
@@ -130,7 +134,18 @@ class OneBox:
         self.uids = {r: str(uuid.UUID(int=(seed << 64) + r + 1)) for r in range(layout.world)}
         self.port = free_port([layout.address_of(n) for n in layout.node_names()])
         root.mkdir(parents=True, exist_ok=True)
-        self.shared = rank.Shared(root / "shared.bin", layout.world, self.timing.nchannels)
+        self.fabric: fabric.Server | None = None
+        self.shared: rank.State
+        if state == "tcp":
+            self.fabric = fabric.Server(("127.0.0.1", 0), layout.world, self.timing.nchannels)
+            self.fabric.start()
+            host, port = self.fabric.address
+            self.state_arg = f"tcp://{host}:{port}"
+            self.shared = fabric.Client((host, port), layout.world, self.timing.nchannels, None)
+        else:
+            path = root / "shared.bin"
+            self.state_arg = str(path)
+            self.shared = rank.Shared(path, layout.world, self.timing.nchannels)
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.injection: faults.Injection | None = None
@@ -175,7 +190,7 @@ class OneBox:
     def start_rank(self, spec: rank.RankSpec) -> None:
         log = (self.root / f"rank-{spec.rank}.log").open("ab")
         cmd = [sys.executable, "-m", "collscope.operator.onebox.rank", rank.spec_json(spec),
-               str(self.shared.path)]  # fmt: skip
+               self.state_arg]  # fmt: skip
         self.ranks[spec.rank] = subprocess.Popen(cmd, stdout=log, stderr=log)
         log.close()
 
@@ -231,7 +246,8 @@ class OneBox:
                 time.sleep(0.2)
 
     def close(self) -> None:
-        self.shared.stop()
+        if self.fabric is not None or isinstance(self.shared, rank.Shared):
+            self.shared.stop()  # (a closed fabric has nothing left to stop)
         for p in self.ranks.values():
             try:
                 p.wait(2)
@@ -246,6 +262,10 @@ class OneBox:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+        if self.fabric is not None:
+            self.shared.close()
+            self.fabric.close()
+            self.fabric = None
 
     def __enter__(self) -> OneBox:
         return self

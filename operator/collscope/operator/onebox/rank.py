@@ -26,6 +26,11 @@ way a real job hangs (Mycroft §2.2: a fault propagates along the data dependenc
 rank keeps its process alive, so its ring holds the frozen state (the plugin's heartbeat goes
 on). The fault (``faults.Injection``, given at start) acts from the onset the one-box arms in
 shared memory (``Shared.arm``) while the job runs.
+
+The shared state is a ``State``: ``Shared`` (one memory-mapped file) on one machine, or
+``fabric.Client`` (the same slots behind a TCP server) for ranks in pods on different nodes
+(``workload.py``); the second argument of ``python -m collscope.operator.onebox.rank SPEC
+WHERE`` is the file's path or ``tcp://host:port``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import pathlib
 import random
 import sys
 import time
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from collscope.operator.onebox import faults, nccl
 
@@ -83,6 +88,22 @@ class RankSpec:
     timing: Timing
     injection: faults.Injection | None
     seed: int
+
+
+class State(Protocol):
+    """What a rank reads of its peers and writes of itself (``Shared``, ``fabric.Client``)."""
+
+    @property
+    def stopped(self) -> bool: ...
+    def stop(self) -> None: ...
+    @property
+    def onset_ns(self) -> int: ...
+    def arm(self, onset_ns: int) -> None: ...
+    def op(self, rank: int, which: int) -> int: ...
+    def set_op(self, rank: int, which: int, value: int) -> None: ...
+    def counter(self, rank: int, channel: int, which: int) -> int: ...
+    def set_counter(self, rank: int, channel: int, which: int, value: int) -> None: ...
+    def close(self) -> None: ...
 
 
 class Shared:
@@ -132,6 +153,10 @@ class Shared:
     def set_counter(self, rank: int, channel: int, which: int, value: int) -> None:
         self.slots[self._counters + (rank * self.nch + channel) * COUNTERS + which] = value
 
+    def close(self) -> None:
+        """Nothing to do: the file outlives the ranks (the one-box removes its directory), and
+        the mapping cannot be closed while ``slots`` exports it."""
+
 
 @dataclasses.dataclass
 class _Flow:
@@ -147,7 +172,7 @@ class _Flow:
 class Rank:
     """The training loop of one rank (runs in its own process: ``main``)."""
 
-    def __init__(self, spec: RankSpec, shared: Shared) -> None:
+    def __init__(self, spec: RankSpec, shared: State) -> None:
         self.spec, self.shared, self.t = spec, shared, spec.timing
         self.rng = random.Random(spec.seed * 1000 + spec.rank)
         self.n = nccl.Nccl(pathlib.Path(spec.plugin), 5)
@@ -334,7 +359,18 @@ def spec_from_json(text: str) -> RankSpec:
     )
 
 
-def main(spec: RankSpec, shared: Shared) -> None:
+def open_state(where: str, spec: RankSpec) -> State:
+    """``tcp://host:port``: a ``fabric.Client`` writing for ``spec.rank``; else ``Shared`` at
+    the path ``where``."""
+    if where.startswith("tcp://"):
+        from collscope.operator.onebox import fabric  # fabric imports this module
+
+        address = fabric.parse_address(where)
+        return fabric.Client(address, spec.world, spec.timing.nchannels, spec.rank)
+    return Shared(pathlib.Path(where), spec.world, spec.timing.nchannels)
+
+
+def main(spec: RankSpec, shared: State) -> None:
     """The rank process: the pod's environment, then train until told to stop."""
     os.environ.update(
         {
@@ -356,4 +392,8 @@ def main(spec: RankSpec, shared: Shared) -> None:
 
 if __name__ == "__main__":
     _spec = spec_from_json(sys.argv[1])
-    main(_spec, Shared(pathlib.Path(sys.argv[2]), _spec.world, _spec.timing.nchannels))
+    _state = open_state(sys.argv[2], _spec)
+    try:
+        main(_spec, _state)
+    finally:
+        _state.close()  # a fabric client raises here if it lost the coordinator: exit 1
