@@ -8,9 +8,13 @@ Per run: ``collscope.operator.simulator`` simulates the job (TP8 x PP4 x DP32 at
 8 GPUs and one pod per node, a GPU hang at ``--onset`` s; seed = run number) and its records
 are shifted so the job starts a few seconds from now. Simulated agents then replay them in real
 time: one aiohttp server in this process answers ``/<node>/v1/ranks``, ``/v1/window`` (the
-records of the asked ranks with ``since <= ts <= min(until, now)``, formatted by the agent's own
-``writer.record_blocks``), ``/v1/stacks`` (one fake stack) and ``/v1/flightrecorder`` (dumps
-derived from the records: the last completed and the in-flight collective per communicator).
+records of the asked ranks with ``since <= ts <= min(until, now)``, negotiated as the agent's
+``server.py`` does: encoded by the agent's own ``columnar.encode`` when ``Accept`` names the
+columnar form, as the operator's client asks, else formatted by its ``writer.record_blocks``
+as JSON lines; ``--json-window`` makes the agents answer JSON lines whatever is asked, as
+agents from before the columnar form do), ``/v1/stacks`` (one fake stack) and
+``/v1/flightrecorder`` (dumps derived from the records: the last completed and the in-flight
+collective per communicator).
 The operator runs in a child process, built as ``collscope-operator`` builds it (every handler,
 the real trigger loop, ``agents.AgentClient`` over HTTP, the analysis engine, remediation)
 against kmock, the Kubernetes emulator of the tests, here in this process (a child-process
@@ -22,9 +26,9 @@ Measured, per run: fault onset (the simulator's ground truth) -> Diagnosis creat
 (utime + stime from /proc) averaged over the watching phase (job running, before the fault)
 and its RSS at the fault and peak (VmHWM) at the end of the run; the operator's own
 ``collscope_operator_analysis_seconds`` (window pull + analysis, scraped from its metrics) and
-the time this process spent formatting that window. Caveat: here one process formats the
-window of all 128 nodes one request after the other, on the same cores as the operator; real
-agents do it in parallel, each on its own node, so the latency here errs on the high side.
+the time this process spent encoding that window. Caveat: here one process encodes the window
+of all 128 nodes one request after the other, on the same cores as the operator; real agents
+do it in parallel, each on its own node, so the latency here errs on the high side.
 
 One file past the usual 400 lines on purpose: the simulated agents, the cluster and the
 operator's child mode only make sense together, and a benchmark is run, not imported.
@@ -45,14 +49,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from aiohttp import web
 
-from collscope.nodeagent import api
-from collscope.nodeagent.bundle import tables, writer
+from collscope.nodeagent import api, server
+from collscope.nodeagent.bundle import columnar, tables, writer
 from collscope.operator.simulator import config, topology, truth
 from collscope.operator.simulator import engine as simulator
 
@@ -99,7 +102,8 @@ class Replay:
                    _ranges(ops), _ranges(states),
                    {r: np.flatnonzero(comms["rank"] == r) for r in range(ranks)})  # fmt: skip
 
-    def window(self, ranks: list[int], since: int, until: int) -> Iterator[str]:
+    def window(self, ranks: list[int], since: int, until: int) -> tables.Bundle:
+        """The records an agent holding ``ranks`` would cut out of its window."""
         until = min(until, time.time_ns())
         take_ops: list[Indices] = []
         take_states: list[Indices] = []
@@ -113,11 +117,10 @@ class Replay:
                 into.append(np.arange(lo + a, lo + z))
             take_comms.append(self.comms_at.get(r, np.arange(0)))
         b = self.bundle
-        sub = dataclasses.replace(
+        return dataclasses.replace(
             b, comms=b.comms[np.concatenate(take_comms)], ops=b.ops[np.concatenate(take_ops)],
             states=b.states[np.concatenate(take_states)],
         )  # fmt: skip
-        return writer.record_blocks(sub)
 
     def flight_recorder(self, ranks: list[int]) -> dict[str, Any]:
         """Dumps as torch would write them now: per communicator the last completed collective
@@ -172,7 +175,7 @@ def _ranges(table: tables.Table) -> dict[int, tuple[int, int]]:
     return {int(r): (int(s), int(e)) for r, s, e in zip(ranks, starts, ends, strict=True)}
 
 
-def agents_app(replay: list[Replay], gpus: int) -> web.Application:
+def agents_app(replay: list[Replay], gpus: int, *, json_only: bool = False) -> web.Application:
     """``/<node>/v1/...`` for every node of the job: the simulated agents."""
 
     def node_ranks(node: str) -> list[int]:
@@ -193,13 +196,17 @@ def agents_app(replay: list[Replay], gpus: int) -> web.Application:
         asked = [int(x) for x in q["ranks"].split(",")]
         since, until = int(q.get("since", 0)), int(q.get("until", 2**62))
         t0 = time.perf_counter()
-        body = "".join(replay[0].window(asked, since, until)).encode()
+        cut = replay[0].window(asked, since, until)
+        if not json_only and server.accepts(req.headers.getall("Accept", []), columnar.MEDIA_TYPE):
+            body, ctype = columnar.encode(cut), columnar.MEDIA_TYPE
+        else:
+            body, ctype = "".join(writer.record_blocks(cut)).encode(), "application/x-ndjson"
         # The Diagnosis's pull: every rank of the node over a range (a trigger tick asks for
         # the sampled ranks only, discovery for an empty range).
         if len(asked) == gpus and until > since:
             SERVED["diagnosis_s"] += time.perf_counter() - t0
             SERVED["diagnosis_mib"] += len(body) / 2**20
-        return web.Response(body=body, content_type="application/x-ndjson")
+        return web.Response(body=body, headers={"Content-Type": ctype})
 
     async def stacks(req: web.Request) -> web.Response:
         frames = ["wait (torch/distributed/distributed_c10d.py:1)", "step (train.py:40)"]
@@ -329,7 +336,7 @@ async def run_once(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     nodes = args.ranks // 8
     duration = args.onset + args.after
     replay = [Replay.simulate(args.ranks, seed, duration, args.onset)]
-    runner = web.AppRunner(agents_app(replay, 8), access_log=None)
+    runner = web.AppRunner(agents_app(replay, 8, json_only=args.json_window), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -368,6 +375,8 @@ async def run_once(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                     st = d.get("status") or {}
                     now = time.time_ns()
                     seen.setdefault("created", now)
+                    spec = d.get("spec") or {}
+                    out.setdefault("incident", f"{spec.get('trigger')} {spec.get('incident')}")
                     if st.get("phase") in ("Diagnosed", "Remediated"):
                         seen.setdefault("diagnosed", now)
                         out["category"] = st.get("category")
@@ -443,6 +452,11 @@ def main() -> int:
         default=10.0,
         help="s of records pulled for root cause (the operator's default: 10)",
     )
+    p.add_argument(
+        "--json-window",
+        action="store_true",
+        help="agents answer /v1/window in JSON lines only (agents before the columnar form)",
+    )
     p.add_argument("--operator", nargs=4, help=argparse.SUPPRESS)  # the child process
     args = p.parse_args()
     if args.operator:
@@ -451,7 +465,8 @@ def main() -> int:
         return 0
     print(f"# .venv/bin/python bench/operator_scale.py --ranks {args.ranks} --runs {args.runs} "
           f"--onset {args.onset:g} --after {args.after:g} "
-          f"--diagnosis-window {args.diagnosis_window:g}")  # fmt: skip
+          f"--diagnosis-window {args.diagnosis_window:g}"
+          f"{' --json-window' if args.json_window else ''}")  # fmt: skip
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs ({_cpu_model()}), "
           f"Python {platform.python_version()}, "
@@ -464,11 +479,12 @@ def main() -> int:
               f"{r.get('diagnosed_s', float('nan')):.2f} s, Flight Recorder "
               f"{r.get('evidence_s', float('nan')):.2f} s after onset (pull + analysis "
               f"{r.get('analysis_s', float('nan')):.2f} s, of which the simulated agents "
-              f"formatting {r['diagnosis_mib']:.0f} MiB: {r['diagnosis_s']:.2f} s); "
+              f"encoding {r['diagnosis_mib']:.0f} MiB: {r['diagnosis_s']:.2f} s); "
               f"{r.get('category')} rank "
               f"{r.get('culprit')} (truth {r['truth']}); watching CPU {r['cpu_pct']:.1f} %, "
               f"RSS {r['rss_mib']:.0f} MiB, peak {r.get('hwm_mib', float('nan')):.0f} MiB",
               flush=True)  # fmt: skip
+        print(f"  first Diagnosis: {r.get('incident')}")
         print(f"  flightRecorder ({r.get('fr_asked')} ranks asked): {r.get('fr', '-')[:400]}")
         for note in r.get("fr_notes", [])[:3]:
             print(f"  note: {note}")

@@ -3,13 +3,16 @@
 Everything here is JSON over HTTP; times are CLOCK_REALTIME ns (``_ns``), durations carry their
 unit in the name. Fields are added, never renamed or removed, within ``v1``; unknown fields are
 ignored when reading, so an older operator can read a newer agent. Bundle records on the wire
-(``/v1/window``) are spec/bundle-v1.md lines, not models from this module.
+(``/v1/window``) are spec/bundle-v1.md lines, not models from this module, or, when the request's
+``Accept`` names ``application/vnd.collscope.columns.v1``, the same records as column arrays
+(``bundle/columnar.py`` documents that layout).
 
 Endpoints (``server.py``)::
 
     GET  /v1/ranks                                   RanksResponse
     GET  /v1/summaries?ranks=1,2&window_s=5          SummariesResponse
     GET  /v1/window?ranks=..&since=..&until=..       bundle-v1 records, application/x-ndjson
+                                                     (or columnar, by Accept: see above)
     GET  /v1/hardware?since=..&until=..              HardwareResponse
     POST /v1/stacks          StacksRequest           the stacks report (py-spy), as JSON
     POST /v1/flightrecorder  FlightRecorderRequest   the Flight Recorder report, as JSON

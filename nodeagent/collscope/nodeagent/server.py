@@ -4,10 +4,13 @@ Routes and models: ``api.py``. Query parameters are parsed here; a bad one answe
 ``api.ErrorResponse`` naming it (``errors.QueryError``), a missing capability 503
 (``errors.UnavailableError``), an unknown path 404. ``/v1/window`` streams bundle-v1 lines as
 they are formatted (``application/x-ndjson``, no Content-Length, connection closed at the end:
-HTTP/1.0 framing, which every client reads). Example::
+HTTP/1.0 framing, which every client reads); a request whose ``Accept`` names
+``bundle.columnar.MEDIA_TYPE`` (with q > 0) gets the same records in that columnar form
+instead, with a Content-Length (the operator asks for it; old operators do not). Example::
 
     curl 'http://NODE:9464/v1/summaries?ranks=0,1&window_s=5'
     curl 'http://NODE:9464/v1/window?ranks=3&since=1732001234000000000' > rank3.jsonl
+    curl -H 'Accept: application/vnd.collscope.columns.v1' 'http://NODE:9464/v1/window?ranks=3'
     curl -o node.tar.gz 'http://NODE:9464/v1/export?since=1732001234000000000'
 """
 
@@ -25,6 +28,7 @@ from typing import Any, Final, TypeVar
 import pydantic
 
 from collscope.nodeagent import api, errors, metrics, service
+from collscope.nodeagent.bundle import columnar
 
 log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=pydantic.BaseModel)
@@ -154,6 +158,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def window(self, q: dict[str, list[str]]) -> None:
         _no_params(q, "ranks", "since", "until")
         since, until = _range(q)
+        if accepts(self.headers.get_all("Accept") or [], columnar.MEDIA_TYPE):
+            body = self.server_ctx.svc.window_columns(_ranks(q), since, until)
+            self._bytes(200, body, columnar.MEDIA_TYPE)
+            return
         blocks = self.server_ctx.svc.window_lines(_ranks(q), since, until)
         self._stream(blocks, NDJSON)
 
@@ -205,6 +213,23 @@ _ROUTES: dict[tuple[str, str], Callable[[_Handler, dict[str, list[str]]], None]]
 
 
 # -- query parsing ---------------------------------------------------------------------------
+def accepts(headers: list[str], media_type: str) -> bool:
+    """Whether ``Accept`` header values name ``media_type`` exactly with a q above 0
+    (``a/b;q=0.5, c/d``); wildcards do not count: the default answer is for them."""
+    for header in headers:
+        for item in header.split(","):
+            kind, *params = (p.strip() for p in item.split(";"))
+            if kind.lower() != media_type:
+                continue
+            q = next((p[2:] for p in params if p.lower().startswith("q=")), "1")
+            try:
+                if float(q) > 0:
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
 def _no_params(q: dict[str, list[str]], *allowed: str) -> None:
     for name in q:
         if name not in allowed:

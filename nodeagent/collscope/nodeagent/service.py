@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 import pydantic
 
 from collscope.nodeagent import api, errors, flightrecorder, sampler, summary, window
-from collscope.nodeagent.bundle import models, tables, writer
+from collscope.nodeagent.bundle import columnar, models, tables, writer
 
 _NS = 1_000_000_000
 _T = TypeVar("_T")
@@ -138,6 +138,12 @@ class Service:
         """bundle-v1 records as JSON-lines text blocks (writer's fast formatter)."""
         b = self.bundle(ranks, since_ns, until_ns, with_hw=False)
         return writer.record_blocks(b)
+
+    def window_columns(
+        self, ranks: Sequence[int] | None, since_ns: int | None, until_ns: int | None
+    ) -> bytes:
+        """The same records as ``window_lines``, in the columnar wire form (``columnar``)."""
+        return columnar.encode(self.bundle(ranks, since_ns, until_ns, with_hw=False))
 
     def bundle(
         self,

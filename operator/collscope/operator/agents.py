@@ -6,6 +6,10 @@ Both fan out to many nodes at once, so every call here is ``async`` (httpx) and 
 runs one call per node concurrently. An unreachable agent is a result, not a failure: the
 trigger works with the ranks it could read and the Diagnosis names the nodes it could not.
 
+The window is asked for in the columnar wire form (``bundle.columnar``, by ``Accept``), which is
+decoded straight into numpy tables; an agent that answers JSON lines instead (one older than
+that form) is read as before, so the two mix within one pull.
+
 Retries: a connection error, a timeout or a 5xx answer is retried ``retries`` times with
 exponential backoff (``backoff_s``, doubled each time); a 4xx answer is our mistake and is not.
 This module is the one boundary where httpx and pydantic errors become
@@ -31,7 +35,7 @@ import pydantic
 
 from collscope.nodeagent import api
 from collscope.nodeagent import errors as agent_errors
-from collscope.nodeagent.bundle import models, reader, tables
+from collscope.nodeagent.bundle import columnar, models, reader, tables
 from collscope.operator import errors
 
 T = TypeVar("T")
@@ -43,6 +47,8 @@ DEFAULT_RETRIES: Final = 2
 DEFAULT_BACKOFF_S: Final = 0.1
 # An agent's error body longer than this is not its ErrorResponse: cut it in messages.
 ERROR_TEXT_MAX: Final = 200
+# The window's columnar form first; JSON lines from an agent that does not know it.
+WINDOW_ACCEPT: Final = f"{columnar.MEDIA_TYPE}, application/x-ndjson;q=0.5"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -96,6 +102,23 @@ class AgentClient:
         params = {"ranks": _csv(ranks), "since": str(since_ns), "until": str(until_ns)}
         return (await self._get("/v1/window", params)).splitlines()
 
+    async def window(
+        self, ranks: Sequence[int], *, since_ns: int, until_ns: int
+    ) -> columnar.Part | list[bytes]:
+        """``GET /v1/window`` asking for the columnar form: its decoded, validated tables, or
+        the record lines (not validated yet) when the agent answers JSON lines."""
+        params = {"ranks": _csv(ranks), "since": str(since_ns), "until": str(until_ns)}
+        resp = await self._request(
+            "GET", "/v1/window", params=params, headers={"Accept": WINDOW_ACCEPT}
+        )
+        ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype != columnar.MEDIA_TYPE:
+            return resp.content.splitlines()
+        try:
+            return columnar.decode(resp.content, where=self._url("/v1/window"))
+        except agent_errors.BundleError as e:
+            raise errors.AgentError(f"agent {self.node}: its /v1/window is not valid: {e}") from e
+
     async def hardware(self, *, since_ns: int, until_ns: int) -> api.HardwareResponse:
         """``GET /v1/hardware``: the node's hardware samples in the range, and its sources."""
         params = {"since": str(since_ns), "until": str(until_ns)}
@@ -116,11 +139,11 @@ class AgentClient:
         return f"{self.base_url}{path}"
 
     async def _get(self, path: str, params: Mapping[str, str]) -> bytes:
-        return await self._request("GET", path, params=dict(params))
+        return (await self._request("GET", path, params=dict(params))).content
 
     async def _post_json(self, path: str, request: pydantic.BaseModel) -> dict[str, Any]:
-        body = await self._request("POST", path, content=request.model_dump_json().encode())
-        return _parse(_JsonObject, body, self._url(path)).root
+        resp = await self._request("POST", path, content=request.model_dump_json().encode())
+        return _parse(_JsonObject, resp.content, self._url(path)).root
 
     async def _request(
         self,
@@ -129,13 +152,16 @@ class AgentClient:
         *,
         params: dict[str, str] | None = None,
         content: bytes | None = None,
-    ) -> bytes:
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
         url = self._url(path)
         delay = self._backoff_s
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
-                resp = await self._http.request(method, path, params=params, content=content)
+                resp = await self._http.request(
+                    method, path, params=params, content=content, headers=headers
+                )
             except httpx.TransportError as e:
                 if last:
                     raise errors.AgentUnreachable(
@@ -144,7 +170,7 @@ class AgentClient:
                     ) from e
             else:
                 if resp.status_code < 400:
-                    return resp.content
+                    return resp
                 if resp.status_code < 500 or last:
                     raise errors.AgentError(
                         f"agent {self.node} at {url}: HTTP {resp.status_code}: {_error_text(resp)}"
@@ -221,10 +247,11 @@ async def pull_window(
 
     A node without a client, or whose agent fails or answers with records that are not
     bundle-v1, is listed in the second value; the bundle holds what the others sent (analysis
-    works with partial coverage).
+    works with partial coverage). Nodes are added in name order, so the tables are those
+    ``reader.load_lines`` makes of the same records, whichever form each agent answered in.
     """
     calls = {
-        node: clients[node].window_lines(ranks, since_ns=since_ns, until_ns=until_ns)
+        node: clients[node].window(ranks, since_ns=since_ns, until_ns=until_ns)
         for node, ranks in ranks_by_node.items()
         if node in clients and ranks
     }
@@ -232,19 +259,31 @@ async def pull_window(
     failed += [
         Unreachable(n, "no agent known on this node") for n in ranks_by_node if n not in clients
     ]
-    sources = {
-        node: (f"{clients[node].base_url}/v1/window", lines) for node, lines in sorted(got.items())
-    }
+    answers = {node: (clients[node].base_url + "/v1/window", got[node]) for node in sorted(got)}
     try:
-        bundle = reader.load_lines(job, sources.values(), label="agents")
+        return _merge(job, answers), failed
     except agent_errors.BundleError:
-        # Rare: find the agents whose answer is not bundle-v1 (one parse each), report them
+        # Rare: find the agents whose lines are not bundle-v1 (one parse each), report them
         # like unreachable ones and keep the others' records.
-        for node, source in list(sources.items()):
+        for node, (where, answer) in list(answers.items()):
+            if isinstance(answer, columnar.Part):
+                continue  # validated when decoded
             try:
-                reader.load_lines(job, [source], label="agents")
+                _merge(job, {node: (where, answer)})
             except agent_errors.BundleError as e:
                 failed.append(Unreachable(node, f"its /v1/window is not bundle-v1: {e}"))
-                del sources[node]
-        bundle = reader.load_lines(job, sources.values(), label="agents")
-    return bundle, failed
+                del answers[node]
+        return _merge(job, answers), failed
+
+
+def _merge(
+    job: models.Job, answers: Mapping[str, tuple[str, columnar.Part | list[bytes]]]
+) -> tables.Bundle:
+    """One Bundle of the nodes' answers (``where`` names an answer in errors)."""
+    builder = tables.BundleBuilder(job, source="agents")
+    for where, answer in answers.values():
+        if isinstance(answer, columnar.Part):
+            builder.add_tables(answer)
+        else:
+            reader.add_lines(builder, where, answer)
+    return builder.build()

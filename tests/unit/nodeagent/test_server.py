@@ -11,12 +11,22 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
+import numpy as np
 import pydantic
 import pytest
 
 from collscope.nodeagent import __main__ as cli
-from collscope.nodeagent import agent, api, flightrecorder, frdump, hardware, settings, stacks
-from collscope.nodeagent.bundle import models, reader
+from collscope.nodeagent import (
+    agent,
+    api,
+    flightrecorder,
+    frdump,
+    hardware,
+    server,
+    settings,
+    stacks,
+)
+from collscope.nodeagent.bundle import columnar, models, reader, tables
 
 RECORD: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(models.Record)
 
@@ -140,6 +150,60 @@ def test_window_streams_bundle_records(running: Running) -> None:
     r = running.http.get("/v1/window", params={"ranks": "1", "since": str(t), "until": str(t)})
     got = [json.loads(x) for x in r.text.splitlines()]
     assert [x["type"] for x in got] == ["comm", "state"] and got[1]["ts"] == t
+
+
+def test_window_in_columns_when_asked_holds_the_same_records(running: Running) -> None:
+    params = {"ranks": "0,1", "since": "0", "until": str(time.time_ns())}
+    r = running.http.get("/v1/window", params=params, headers={"Accept": COLUMNS_FIRST})
+    assert r.status_code == 200 and r.headers["content-type"] == columnar.MEDIA_TYPE
+    assert int(r.headers["content-length"]) == len(r.content)
+    part = columnar.decode(r.content, where="test")
+    lines = running.http.get("/v1/window", params=params).content.splitlines()
+    job = models.Job(world_size=4)
+    builder = tables.BundleBuilder(job)
+    builder.add_tables(part)
+    got, want = builder.build(), reader.load_lines(job, [("test", lines)])
+    assert len(want.states) > 0 and len(want.ops) > 0
+    for name in ("comms", "ops", "states", "flows"):
+        assert np.array_equal(getattr(got, name), getattr(want, name)), name
+    assert got.comm_ids == want.comm_ids and got.strings == want.strings
+
+
+COLUMNS_FIRST = f"{columnar.MEDIA_TYPE}, application/x-ndjson;q=0.5"
+
+
+@pytest.mark.parametrize(
+    "accept", [None, "*/*", "application/*", f"{columnar.MEDIA_TYPE};q=0", "text/plain"]
+)
+def test_window_stays_json_lines_unless_columns_are_named(
+    running: Running, accept: str | None
+) -> None:
+    headers = {} if accept is None else {"Accept": accept}
+    r = running.http.get("/v1/window", params={"ranks": "1"}, headers=headers)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson"
+    assert RECORD.validate_json(r.content.splitlines()[0]).rank == 1
+
+
+def test_window_in_columns_checks_its_query_like_json_lines(running: Running) -> None:
+    r = running.http.get(
+        "/v1/window", params={"since": "5", "until": "1"}, headers={"Accept": COLUMNS_FIRST}
+    )
+    assert r.status_code == 400 and r.json()["parameter"] == "until"
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ([COLUMNS_FIRST], True),
+        (["text/html", "APPLICATION/VND.COLLSCOPE.COLUMNS.V1 ; q=0.2"], True),
+        ([f"{columnar.MEDIA_TYPE};q=0.0"], False),
+        ([f"{columnar.MEDIA_TYPE};q=x"], False),
+        ([f"{columnar.MEDIA_TYPE}x"], False),
+        ([], False),
+    ],
+)
+def testaccepts(values: list[str], expected: bool) -> None:
+    assert server.accepts(values, columnar.MEDIA_TYPE) is expected
 
 
 def test_export_reads_back_with_the_bundle_reader(running: Running, tmp_path: pathlib.Path) -> None:

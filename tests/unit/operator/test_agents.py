@@ -8,14 +8,16 @@ failures a real agent cannot be made to produce on demand (a 503 then a 200, a n
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 
 import httpx
+import numpy as np
 import pytest
 
 from collscope.nodeagent import api
-from collscope.nodeagent.bundle import models
+from collscope.nodeagent.bundle import columnar, models, reader, tables
 from collscope.operator import agents, errors
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -191,3 +193,105 @@ def test_pull_window_reports_agents_whose_lines_are_not_bundle_v1() -> None:
     assert (
         node == "n" and "not bundle-v1" in reason and "http://agent.test:9464/v1/window:1" in reason
     )
+
+
+# -- the columnar window -----------------------------------------------------------------------
+def node_lines(rank: int) -> list[bytes]:
+    """Records of one rank: its comm, an op and a state with a send and a recv flow."""
+    comm = {"type": "comm", "rank": rank, "ts": T0, "comm": "0x1f", "comm_rank": rank,
+            "nranks": 2, "nnodes": 2, "name": "dp"}  # fmt: skip
+    op = {"type": "op", "rank": rank, "ts": T0 + 9, "comm": f"0x{rank + 10:x}", "seq": 4,
+          "op": "Send" if rank else "AllReduce", "bytes": 64, "start": T0 + 2,
+          "end": T0 + 9}  # fmt: skip
+    flows = [
+        {"channel": 0, "peer": 1 - rank, "dir": "send", "total": 4, "ready": 3, "sent": 2,
+         "done": 1, "idle_ns": 5},
+        {"channel": 1, "peer": 1 - rank, "dir": "recv", "total": 4, "posted": 4, "done": 2,
+         "consumed": 2, "idle_ns": 7},
+    ]  # fmt: skip
+    state = {"type": "state", "rank": rank, "ts": T0 + 11, "comm": "0x1f", "seq": 5,
+             "op": "AllReduce", "bytes": 64, "start": T0 + 10, "flows": flows}  # fmt: skip
+    return [json.dumps(r).encode() for r in (comm, op, state)]
+
+
+JOB = models.Job(world_size=2)
+
+
+def columnar_agent(rank: int, seen: list[httpx.Request]) -> Handler:
+    """An agent that answers in columns when asked, as ``server.py`` does."""
+    window = reader.load_lines(JOB, [("agent", node_lines(rank))])
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        seen.append(req)
+        if columnar.MEDIA_TYPE not in req.headers.get("accept", ""):
+            return httpx.Response(200, content=b"\n".join(node_lines(rank)))
+        body = columnar.encode(window)
+        return httpx.Response(200, content=body, headers={"content-type": columnar.MEDIA_TYPE})
+
+    return handler
+
+
+def json_agent(rank: int) -> Handler:
+    """An agent from before the columnar form: JSON lines whatever the Accept header."""
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        body = b"\n".join(node_lines(rank))
+        return httpx.Response(200, content=body, headers={"content-type": "application/x-ndjson"})
+
+    return handler
+
+
+def pull(handlers: dict[str, Handler]) -> tuple[tables.Bundle, list[agents.Unreachable]]:
+    clients = {node: client(h) for node, h in handlers.items()}
+    ranks = {node: [i] for i, node in enumerate(handlers)}
+    return asyncio.run(agents.pull_window(clients, ranks, JOB, since_ns=T0, until_ns=T0 + 99))
+
+
+def assert_same(a: tables.Bundle, b: tables.Bundle) -> None:
+    assert a.comm_ids == b.comm_ids and a.strings == b.strings
+    for name in ("comms", "ops", "states", "flows", "hw"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+@pytest.mark.parametrize("kinds", ["columns", "json", "mixed"])
+def test_pull_window_builds_the_json_paths_tables_whatever_each_agent_answers(kinds: str) -> None:
+    seen: list[httpx.Request] = []
+    handlers = {
+        "node-0": json_agent(0) if kinds == "json" else columnar_agent(0, seen),
+        "node-1": columnar_agent(1, seen) if kinds == "columns" else json_agent(1),
+    }
+    bundle, failed = pull(handlers)
+    assert failed == []
+    want = reader.load_lines(JOB, [("0", node_lines(0)), ("1", node_lines(1))])
+    assert_same(bundle, want)
+    assert len(bundle.flows) == 4 and bundle.flows["posted"].tolist().count(-1) == 2
+    for req in seen:
+        assert req.headers["accept"] == agents.WINDOW_ACCEPT
+
+
+def test_pull_window_reports_an_agent_whose_columns_are_malformed() -> None:
+    good = reader.load_lines(JOB, [("agent", node_lines(1))])
+    broken = columnar.encode(dataclasses.replace(good, comm_ids=("0xZZ",)))
+
+    def bad(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=broken, headers={"content-type": columnar.MEDIA_TYPE})
+
+    bundle, failed = pull({"node-0": bad, "node-1": columnar_agent(1, [])})
+    assert bundle.comms["rank"].tolist() == [1]  # the good agent's records are kept
+    ((node, reason),) = [(f.node, f.reason) for f in failed]
+    assert node == "node-0" and "agent node-1" in reason  # the client's name for its agent
+    assert "http://agent.test:9464/v1/window" in reason and "comm_ids[0]" in reason
+
+
+def test_a_malformed_columnar_answer_is_not_retried() -> None:
+    calls: list[httpx.Request] = []
+
+    def bad(req: httpx.Request) -> httpx.Response:
+        calls.append(req)
+        return httpx.Response(
+            200, content=b"garbage", headers={"content-type": columnar.MEDIA_TYPE}
+        )
+
+    with pytest.raises(errors.AgentError, match="too short"):
+        asyncio.run(client(bad).window([0], since_ns=0, until_ns=1))
+    assert len(calls) == 1

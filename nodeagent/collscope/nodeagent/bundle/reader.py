@@ -93,9 +93,16 @@ def load_lines(
     record is kept."""
     builder = tables.BundleBuilder(job, source=label)
     for where, lines in sources:
-        numbered = ((i, raw) for i, raw in enumerate(lines, 1) if raw.strip())
-        _add_records(builder, where, numbered)
+        add_lines(builder, where, lines)
     return builder.build()
+
+
+def add_lines(builder: tables.BundleBuilder, where: str, lines: Iterable[bytes]) -> None:
+    """Validate ``records.jsonl`` lines held in memory and add them to ``builder`` (blank
+    lines skipped); ``where`` names their origin in errors. Rows added before a bad line stay
+    in ``builder``: on an error, start a new one."""
+    numbered = ((i, raw) for i, raw in enumerate(lines, 1) if raw.strip())
+    _add_records(builder, where, numbered)
 
 
 def _add_records(

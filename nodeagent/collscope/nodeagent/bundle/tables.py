@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -104,6 +104,25 @@ HW_DTYPE = np.dtype(
 )
 
 Table = npt.NDArray[np.void]
+
+
+class Tables(Protocol):
+    """Tables with their own string tables: a ``Bundle``, or a decoded ``columnar.Part``."""
+
+    @property
+    def comm_ids(self) -> tuple[str, ...]: ...
+    @property
+    def strings(self) -> tuple[str, ...]: ...
+    @property
+    def comms(self) -> Table: ...
+    @property
+    def ops(self) -> Table: ...
+    @property
+    def states(self) -> Table: ...
+    @property
+    def flows(self) -> Table: ...
+    @property
+    def hw(self) -> Table: ...
 
 
 @dataclass(frozen=True)
@@ -318,10 +337,24 @@ class _Rows:
         if len(self.pending) >= _CHUNK_ROWS:
             self._flush()
 
+    def extend_array(self, rows: Table) -> None:
+        """Append whole rows of this table's dtype, after any waiting tuples."""
+        self._flush()
+        need = self.size + len(rows)
+        self._reserve(need)
+        self.buf[self.size : need] = rows
+        self.size = need
+
     def _flush(self) -> None:
         if not self.pending:
             return
         need = self.size + len(self.pending)
+        self._reserve(need)
+        self.buf[self.size : need] = self.pending
+        self.size = need
+        self.pending = []
+
+    def _reserve(self, need: int) -> None:
         if self.shared:
             self.buf = self.buf[: self.size].copy()
             self.shared = False
@@ -329,9 +362,6 @@ class _Rows:
             self.buf.resize(
                 max(need, int(len(self.buf) * _GROWTH), _CHUNK_ROWS), refcheck=False
             )  # buf owns its data and no view of it exists
-        self.buf[self.size : need] = self.pending
-        self.size = need
-        self.pending = []
 
     def array(self) -> Table:
         """Every row as one array, without the growth margin (shrunk in place, not copied)."""
@@ -505,6 +535,38 @@ class BundleBuilder:
                 value=rec.value,
             )
 
+    def add_tables(self, part: Tables) -> None:
+        """Add every row of ``part`` at once, as adding its records one by one in the order of
+        ``Bundle.iter_records()`` would (the same interning order, so the same tables).
+
+        Trusts ``part``: it comes validated (``columnar.decode``, a ``Bundle``).
+        """
+        ops, states, hw = part.ops, part.states, part.hw
+        comm = _remap(self._comm, part.comm_ids, [part.comms["comm"], ops["comm"], states["comm"]])
+        names = [part.comms["name"], _interleaved(ops, ("op", "dtype", "algo", "proto"))]
+        names += [states["op"], _interleaved(hw, ("node", "device", "metric"))]
+        text = _remap(self._str, part.strings, names)
+        comms = part.comms.copy()
+        comms["comm"], comms["name"] = comm[comms["comm"]], text[comms["name"]]
+        ops = ops.copy()
+        ops["comm"] = comm[ops["comm"]]
+        for col in ("op", "dtype", "algo", "proto"):
+            ops[col] = text[ops[col]]
+        states, flows = contiguous_flows(states, part.flows)
+        states = states.copy()
+        states["comm"], states["op"] = comm[states["comm"]], text[states["op"]]
+        base = len(self._flows)
+        states["flow_lo"] += base
+        states["flow_hi"] += base
+        hw = hw.copy()
+        for col in ("node", "device", "metric"):
+            hw[col] = text[hw[col]]
+        self._comms.extend_array(comms)
+        self._ops.extend_array(ops)
+        self._states.extend_array(states)
+        self._flows.extend_array(flows)
+        self._hw.extend_array(hw)
+
     def build(self) -> Bundle:
         """Sort every table by (rank, time) and return the immutable ``Bundle``."""
         comms = _sorted(self._comms.array(), ("rank", "comm"))
@@ -532,6 +594,43 @@ def flow_tuple(f: models.SendFlow | models.RecvFlow) -> FlowTuple:
     if isinstance(f, models.SendFlow):
         return (f.channel, f.peer, SEND, f.total, f.ready, f.sent, -1, f.done, -1, f.idle_ns)
     return (f.channel, f.peer, RECV, f.total, -1, -1, f.posted, f.done, f.consumed, f.idle_ns)
+
+
+def contiguous_flows(states: Table, flows: Table) -> tuple[Table, Table]:
+    """``states`` and the flows they index, laid out so state ``i``'s flows follow state
+    ``i - 1``'s from row 0 (``flow_lo[0] == 0``); the inputs themselves when already so."""
+    lo, hi = states["flow_lo"], states["flow_hi"]
+    if not len(states):
+        return states, flows[:0]
+    if int(lo[0]) == 0 and np.array_equal(lo[1:], hi[:-1]):
+        return states, flows[: int(hi[-1])]
+    n = hi - lo
+    new_hi = np.cumsum(n)
+    take = np.arange(int(new_hi[-1]), dtype=np.int64) + np.repeat(lo - (new_hi - n), n)
+    states = states.copy()
+    states["flow_lo"], states["flow_hi"] = new_hi - n, new_hi
+    return states, flows[take.astype(np.intp)]
+
+
+def _interleaved(table: Table, cols: tuple[str, ...]) -> npt.NDArray[np.int64]:
+    """``cols`` of every row, row after row: the order records intern their names in."""
+    if not len(table):
+        return np.zeros(0, np.int64)
+    return np.stack([table[c].astype(np.int64) for c in cols], axis=1).ravel()
+
+
+def _remap(
+    interner: _Interner, values: Sequence[str], used: Sequence[npt.NDArray[Any]]
+) -> npt.NDArray[np.int32]:
+    """Local index -> index in ``interner``, interning the used ``values`` in the order their
+    first use appears in ``used`` (unused ones are not interned, as records never name them)."""
+    out = np.full(len(values), -1, np.int32)
+    seq = np.concatenate([np.zeros(0, np.int64), *(u.astype(np.int64) for u in used)])
+    if len(seq):
+        uniq, first = np.unique(seq, return_index=True)
+        for local in uniq[np.argsort(first, kind="stable")].tolist():
+            out[local] = interner(values[local])
+    return out
 
 
 def _sorted(table: Table, keys: tuple[str, ...]) -> Table:
