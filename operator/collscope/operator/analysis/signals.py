@@ -18,7 +18,8 @@
   "not delivered", #6 "GPU_ready = RDMA_transmitted but RDMA_done smaller"): in one sampled
   state of an operation, a send flow holding many more chunks sent-but-unacknowledged than its
   siblings is on a slow path; both endpoints count. And proxy stalls (#7): a local
-  "not transmitted" flow (receiver had buffers) idle for ``host_stall`` or longer.
+  "not transmitted" flow (receiver had buffers) idle for ``host_stall`` or longer, charged to
+  the receiver instead when it has not yet noticed chunks the sender delivered.
 """
 
 from __future__ import annotations
@@ -178,11 +179,17 @@ def flows(
         _add(slow, ranks, ft.receiver[snd][hot], 1.0)
     host = np.zeros(len(ranks))
     stalled = ft.send & v.not_transmitted & v.net_blocked & (ft.idle >= host_stall_ns)
-    _add(host, ranks, ft.owner[stalled], 1.0)
-    # The receiving proxy stalled: its GPU consumed every chunk that arrived (posted = done =
-    # consumed) yet no new receive buffer was posted, so the sender holds ready chunks.
+    # A receiver that has not noticed every chunk the sender delivered (its "arrived" behind
+    # the sender's "done") is the one whose proxy is stuck: its frozen buffer count only looks
+    # free. Otherwise the sending proxy holds a ready chunk with a buffer waiting: local cause.
     m = ft.mate
     has = m >= 0
+    rx_behind = np.zeros(len(ft), dtype=bool)
+    rx_behind[has] = ft.done[m[has]] < ft.done[has]
+    _add(host, ranks, ft.owner[stalled & ~rx_behind], 1.0)
+    _add(host, ranks, ft.receiver[stalled & rx_behind], 1.0)
+    # The receiving proxy stalled: its GPU consumed every chunk that arrived (posted = done =
+    # consumed) yet no new receive buffer was posted, so the sender holds ready chunks.
     drained = np.zeros(len(ft), dtype=bool)
     drained[has] = (ft.posted[m[has]] == ft.consumed[m[has]]) & (
         ft.posted[m[has]] < ft.total[m[has]]

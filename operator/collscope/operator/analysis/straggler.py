@@ -107,9 +107,9 @@ def analyze(
             s=s,
             why=[
                 f"{where.label(int(ranks[i]))}: {int(fl.host[i])} flow samples idle for "
-                f">= {s.host_stall_s:g} s with chunks ready and the receiver ready (local cause), "
-                f"in operations that then completed: bursty proxy (host) stalls, not a steady "
-                f"network slowdown"
+                f">= {s.host_stall_s:g} s waiting on its proxy (chunks ready and the receiver "
+                f"ready, or chunks delivered to it and not yet noticed), in operations that then "
+                f"completed: bursty proxy (host) stalls, not a steady network slowdown"
             ],
             p=None,
         )

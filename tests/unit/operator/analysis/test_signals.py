@@ -196,3 +196,26 @@ def test_proxy_stall_still_counts_when_the_operation_is_sampled_again() -> None:
 
     assert host(np.flatnonzero(bundle.states["ts"] == 2 * S)) == [0.0, 1.0, 0.0]
     assert host(np.arange(len(bundle.states))) == [0.0, 1.0, 0.0]
+
+
+def test_proxy_stall_of_the_receiver_is_charged_to_the_receiver() -> None:
+    # Rank 1 delivered 3 chunks to rank 2 (done = 3) and holds the 4th ready; rank 2's counters
+    # froze at 2 arrived with a buffer posted: rank 2's proxy has not polled since, so its
+    # "free buffer" is stale and rank 1 is only waiting for it (the one-box's proxy-delay).
+    b = tables.BundleBuilder(models.Job(world_size=3))
+    snd = (0, 2, tables.SEND, 16, 4, 3, -1, 3, -1, 500 * MS)
+    rcv = (0, 1, tables.RECV, 16, -1, -1, 3, 2, 2, 500 * MS)
+    for rank, flow in ((1, snd), (2, rcv)):
+        b.add_state(
+            rank=rank, ts=2 * S, comm="0xa", seq=2, op="AllReduce", nbytes=8, start=S, flows=[flow]
+        )
+    bundle = b.build()
+    fl = signals.flows(
+        bundle,
+        np.arange(len(bundle.states)),
+        np.arange(3, dtype=np.int64),
+        interval_ns=100 * MS,
+        host_stall_ns=0.3 * S,
+        min_chunks=4.0,
+    )
+    assert fl.host.tolist() == [0.0, 0.0, 1.0]
