@@ -8,22 +8,27 @@ global ranks as ``ringrecords.op_records`` maps them); each communicator init be
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 import numpy as np
 
 from collscope.nodeagent import livestate, ringevents, ringrecords
 from collscope.nodeagent.bundle import models, tables
 
+_NO_OPS: Final = np.zeros(0, tables.OP_DTYPE)
+_NO_OPS.flags.writeable = False
+
 
 def op_rows(
     rank: int,
-    events: Iterable[ringevents.Event],
+    events: Sequence[ringevents.Event],
     names: livestate.Names,
     intern: Callable[[str], int],
 ) -> tuple[tables.Table, list[models.CommRecord]]:
     """``(op rows, comm records)`` of ``events`` read from the ring of ``rank``."""
+    if not events:  # most ticks of most rings: no numpy call at all
+        return _NO_OPS, []
     rows: list[tuple[Any, ...]] = []
     inits: list[models.CommRecord] = []
     for e in events:

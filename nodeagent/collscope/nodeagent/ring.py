@@ -44,10 +44,10 @@ import numpy.typing as npt
 
 from collscope.nodeagent import errors, ringevents, ringlayout, ringstate
 
-# Header protocol §1 suggests about 100. The first attempt copies the whole live region
-# (152 KiB, ~20 µs), the others only the slots still unstable (a few µs each), so even a
-# writer frozen in the middle of a write (seqlock odd forever) costs about a millisecond per
-# snapshot, never a spin.
+# Header protocol §1 suggests about 100. The first attempt copies the live communicators
+# (their identities and op slots, and their visible flow slots: ~20 µs), the others only the
+# slots still unstable (a few µs each), so even a writer frozen in the middle of a write
+# (seqlock odd forever) costs about a millisecond per snapshot, never a spin.
 SEQLOCK_RETRIES: Final = 100
 
 
@@ -134,11 +134,17 @@ class Ring:
         self._header: npt.NDArray[Any] | None = np.frombuffer(
             mm, ringlayout.HEADER, count=1, offset=0
         )
-        self._comms: npt.NDArray[Any] | None = np.frombuffer(
+        comms = np.frombuffer(
             mm, ringlayout.COMM_SLOT, count=ringlayout.COMM_SLOTS, offset=self._layout.comm_offset
         )
         self._events: npt.NDArray[Any] | None = np.frombuffer(
             mm, ringlayout.EVENT, count=self._layout.event_slots, offset=self._layout.event_offset
+        )
+        self._region: ringstate.Region | None = ringstate.Region(comms)
+        # The header as 64-bit words: magic and the write index read without a structured
+        # field lookup (microseconds each, twice per ring per tick).
+        self._words: npt.NDArray[np.uint64] | None = np.frombuffer(
+            mm, "<u8", count=ringlayout.HEADER_BYTES // 8, offset=0
         )
 
     def __enter__(self) -> Self:
@@ -159,7 +165,8 @@ class Ring:
         # numpy views export the mmap's buffer: drop ours first. A view can outlive them in
         # the frames of a traceback being handled (RingCorrupt raised mid-read inside a
         # `with`): mmap then refuses to close, and the mapping goes with the last view.
-        self._header = self._comms = self._events = None
+        self._header = self._events = None
+        self._region = self._words = None
         mm, self._mm = self._mm, None
         with contextlib.suppress(BufferError):
             mm.close()
@@ -177,10 +184,10 @@ class Ring:
         (a writer frozen mid-write) are taken as they are and marked ``torn``; the snapshot is
         then ``consistent=False``. Never blocks, never waits for the writer.
         """
-        header, comms, _ = self._live()
+        header, region, _ = self._live()
         taken_ns = self._clock()
         status = ringstate.status(self.path, _copy(header))
-        copies = ringstate.seqlock_copy(comms, max(1, retries))
+        copies = ringstate.seqlock_copy(region, max(1, retries))
         return ringstate.snapshot(
             self.path, self._layout.comm_offset, copies, status=status, taken_ns=taken_ns
         )
@@ -195,15 +202,15 @@ class Ring:
         (None unless ``with_status``) costs as much as a quarter of the copy: a 10 Hz reader
         may take it less often.
         """
-        header, comms, _ = self._live()
+        header, region, _ = self._live()
         taken_ns = self._clock()
         status = ringstate.status(self.path, _copy(header)) if with_status else None
-        return status, ringstate.seqlock_copy(comms, max(1, retries)), taken_ns
+        return status, ringstate.seqlock_copy(region, max(1, retries)), taken_ns
 
     def first_cursor(self) -> int:
         """The write index of the oldest record still in the ring (a cursor missing nothing)."""
-        header, _, _ = self._live()
-        return max(0, int(header["events_written"][0]) - self._layout.event_slots)
+        self._live()  # checks that the file is still whole
+        return max(0, int(self._words_now()[_WRITTEN]) - self._layout.event_slots)
 
     def events_since(
         self, cursor: int, *, skip_pending: bool = False
@@ -219,9 +226,9 @@ class Ring:
         """
         if cursor < 0:
             raise ValueError(f"cursor must be >= 0 (got {cursor})")
-        header, _, events = self._live()
+        _, _, events = self._live()
         n = self._layout.event_slots
-        written = int(header["events_written"][0])
+        written = int(self._words_now()[_WRITTEN])
         if cursor > written:
             raise errors.RingCorrupt(
                 self.path,
@@ -242,9 +249,20 @@ class Ring:
         )
         return records, stop, missed + lost
 
-    def _live(self) -> tuple[npt.NDArray[Any], npt.NDArray[Any], npt.NDArray[Any]]:
-        """The mapped views, after checking the file is still whole (a read past EOF is SIGBUS)."""
-        if self._header is None or self._comms is None or self._events is None:
+    def _words_now(self) -> npt.NDArray[np.uint64]:
+        """The header's words; call after ``_live`` (which checks the file is whole)."""
+        assert self._words is not None
+        return self._words
+
+    def _live(self) -> tuple[npt.NDArray[Any], ringstate.Region, npt.NDArray[Any]]:
+        """The mapped views (header, live region, events), after checking the file is still
+        whole (a read past EOF is SIGBUS)."""
+        if (
+            self._header is None
+            or self._region is None
+            or self._events is None
+            or self._words is None
+        ):
             raise ValueError(f"{self.path}: ring is closed")
         size = os.fstat(self._fd).st_size
         if size < self._layout.file_size:
@@ -253,7 +271,7 @@ class Ring:
                 f"file shrank to {size} bytes while open; the header says {self._layout.file_size}",
                 region="file",
             )
-        magic = int(self._header["magic"][0])
+        magic = int(self._words[_MAGIC])
         if magic != ringlayout.MAGIC:
             raise errors.RingCorrupt(
                 self.path,
@@ -262,7 +280,11 @@ class Ring:
                 offset=0,
                 field="magic",
             )
-        return self._header, self._comms, self._events
+        return self._header, self._region, self._events
+
+
+_MAGIC: Final = ringlayout.field_offset(ringlayout.HEADER, "magic") // 8
+_WRITTEN: Final = ringlayout.field_offset(ringlayout.HEADER, "events_written") // 8
 
 
 def _copy(header: npt.NDArray[Any]) -> np.void:

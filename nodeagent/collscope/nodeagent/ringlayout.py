@@ -273,6 +273,26 @@ COMM_SLOT: Final = np.dtype(
     ]
 )
 
+
+def _prefix(dtype: np.dtype[np.void], stop: str) -> np.dtype[np.void]:
+    """The fields of ``dtype`` before field ``stop``, with ``stop``'s offset as the size."""
+    assert dtype.names is not None and dtype.fields is not None
+    names = dtype.names[: dtype.names.index(stop)]
+    return np.dtype(
+        {
+            "names": list(names),
+            "formats": [dtype.fields[n][0] for n in names],
+            "offsets": [dtype.fields[n][1] for n in names],
+            "itemsize": dtype.fields[stop][1],
+        }
+    )
+
+
+# A comm slot without its flow slots ([0, 1536): identity, counters, op slots): what a reader
+# copies whole for each live communicator; of the flow slots it copies only the visible ones.
+# Not a C struct: a prefix of struct collscope_comm_slot, so not in STRUCTS below.
+COMM_HEAD: Final = _prefix(COMM_SLOT, "flows")
+
 OP_RECORD: Final = np.dtype(
     [
         ("idx", "<u8"),

@@ -6,12 +6,17 @@ ready / sent / done; recv: posted / done / consumed, as spec/bundle-v1.md ``stat
 count them). The writer publishes each slot under a seqlock (ring header protocol §1); this
 module copies them consistently (``seqlock_copy``) and turns the copies into typed records
 (``snapshot``). ``ring.Ring.snapshot`` is the entry point.
+
+Over 400 lines: the copy takes only the live slots (the 10 Hz sampler's main cost,
+bench/agent_ingest), which needs the slot geometry, plain views of the mapping and a retry
+path of its own; they sit here beside the decoder that shares them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import struct
 from typing import Any, Final
 
 import numpy as np
@@ -158,94 +163,230 @@ class Snapshot:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Copies:
-    """Per-slot copies of the live region, each from an attempt where its seqlock held."""
+    """Per-slot copies of a ring's live communicators, each from an attempt where its seqlock
+    held (or the latest attempt, flagged torn).
 
-    comms: npt.NDArray[Any]  # (COMM_SLOTS,) COMM_SLOT
-    ops: npt.NDArray[Any]  # (COMM_SLOTS, OPS_PER_COMM) OP_SLOT
-    flows: npt.NDArray[Any]  # (COMM_SLOTS, FLOWS_PER_COMM) FLOW_SLOT
-    torn_comms: npt.NDArray[np.bool_]
-    torn_ops: npt.NDArray[np.bool_]
-    torn_flows: npt.NDArray[np.bool_]
+    Only communicator slots that are not free are copied, and of their flow slots only the
+    visible ones (``dir`` not NONE): a slot left out was seen free and not being written.
+    ``flows`` is flat, ordered by (communicator row, flow slot). The torn flags of a copy in
+    which every seqlock held are shared read-only arrays of False.
+    """
+
+    slots: npt.NDArray[np.intp]  # (m,) comm slot index of each row, ascending
+    comms: npt.NDArray[Any]  # (m,) COMM_HEAD: identity, counters and op slots
+    ops: npt.NDArray[Any]  # (m, OPS_PER_COMM) OP_SLOT (a view of comms["ops"])
+    flows: npt.NDArray[Any]  # (k,) FLOW_SLOT
+    flow_comm: npt.NDArray[np.intp]  # (k,) row in ``comms`` of each flow
+    flow_slot: npt.NDArray[np.intp]  # (k,) index of each flow among its comm's flow slots
+    torn_comms: npt.NDArray[np.bool_]  # (m,)
+    torn_ops: npt.NDArray[np.bool_]  # (m, OPS_PER_COMM)
+    torn_flows: npt.NDArray[np.bool_]  # (k,)
     attempts: int
+
+    def flow(self, comm_slot: int, flow_slot: int) -> np.void | None:
+        """The copy of one flow slot, None when it was not copied (free, or a free comm)."""
+        rows = np.flatnonzero(self.slots == comm_slot)
+        if not len(rows):
+            return None
+        hit = np.flatnonzero((self.flow_comm == rows[0]) & (self.flow_slot == flow_slot))
+        return self.flows[hit[0]] if len(hit) else None
 
 
 _COUNTERS = [f for f in dataclasses.fields(Status) if f.name != "state"]
-# A flow slot's step counters: read as 0 while the flow is QUEUED (header protocol §2).
-_STEP_COUNTERS: Final = (
-    "started",
-    "c_ready_posted",
-    "c_sent_done",
-    "c_done_consumed",
-    "c_gpu_ready",
+
+
+def _fields_struct(dtype: np.dtype[np.void], names: list[str]) -> tuple[struct.Struct, int]:
+    """A ``struct`` reading the integer fields ``names`` of ``dtype`` in one call, and the
+    offset to read it at: one unpack instead of a structured field lookup per field."""
+    codes = {"<u4": "I", "<i4": "i", "<u8": "Q", "<i8": "q"}
+    at = sorted((ringlayout.field_offset(dtype, n), n) for n in names)
+    start, fmt = at[0][0], "<"
+    pos = start
+    for offset, n in at:
+        fmt += (f"{offset - pos}x" if offset > pos else "") + codes[dtype[n].str]
+        pos = offset + dtype[n].itemsize
+    return struct.Struct(fmt), start
+
+
+_STATUS_NAMES: Final = sorted(
+    ["state", *(f.name for f in _COUNTERS)],
+    key=lambda n: ringlayout.field_offset(ringlayout.HEADER, n),
 )
+_STATUS, _STATUS_AT = _fields_struct(ringlayout.HEADER, _STATUS_NAMES)
 _OPS = ringlayout.field_offset(ringlayout.COMM_SLOT, "ops")
 _FLOWS = ringlayout.field_offset(ringlayout.COMM_SLOT, "flows")
+_OP_BYTES = ringlayout.OP_SLOT.itemsize
+_FLOW_BYTES = ringlayout.FLOW_SLOT.itemsize
+# The u32 columns of a comm slot holding its seqlock (identity) and its op slots' seqlocks.
+_SEQ_COLS: Final = np.array(
+    [0] + [(_OPS + j * _OP_BYTES) // 4 for j in range(ringlayout.OPS_PER_COMM)], dtype=np.intp
+)
+# A comm slot's head and op slots seen as units of one op slot's size: the identity and
+# counters are units [0, 4), op slot j is unit 4 + j; _UNIT_COL maps a unit to its seqlock's
+# column in _SEQ_COLS (a retry copies the units whose seqlock did not hold).
+_UNITS = _FLOWS // _OP_BYTES
+_UNIT_COL: Final = np.array(
+    [0] * (_OPS // _OP_BYTES) + list(range(1, ringlayout.OPS_PER_COMM + 1)), dtype=np.intp
+)
+# The first 8 bytes of a comm slot are seqlock | state << 32 and of a flow slot seqlock |
+# dir << 32 | ...: one aligned 8-byte load reads a slot's seqlock and its "in use" field at
+# the same instant. Masks: in use, or seqlock odd (a write in progress).
+_COMM_IN_USE: Final = np.uint64(
+    (0xFFFF_FFFF << 8 * ringlayout.field_offset(ringlayout.COMM_SLOT, "state")) | 1
+)
+_FLOW_IN_USE: Final = np.uint64(
+    (0xFF << 8 * ringlayout.field_offset(ringlayout.FLOW_SLOT, "dir")) | 1
+)
+# A flow slot's step counters (started, c_ready_posted ... c_gpu_ready: contiguous bytes),
+# read as 0 while the flow is QUEUED (header protocol §2).
+_STEPS = slice(
+    ringlayout.field_offset(ringlayout.FLOW_SLOT, "started"),
+    ringlayout.field_offset(ringlayout.FLOW_SLOT, "c_gpu_ready") + 4,
+)
+_FLOW_STATE = ringlayout.field_offset(ringlayout.FLOW_SLOT, "state")
+# Torn flags of copies where every seqlock held (read-only: shared by every such copy).
+_CLEAN_HEADS: Final = np.zeros((ringlayout.COMM_SLOTS, len(_SEQ_COLS)), dtype=bool)
+_CLEAN_FLOWS: Final = np.zeros(ringlayout.COMM_SLOTS * ringlayout.FLOWS_PER_COMM, dtype=bool)
+_CLEAN_HEADS.flags.writeable = _CLEAN_FLOWS.flags.writeable = False
+assert _OPS % _OP_BYTES == 0 and _FLOWS == _OPS + ringlayout.OPS_PER_COMM * _OP_BYTES
+assert _STEPS.stop - _STEPS.start == 4 * 5
+
+
+class Region:
+    """Plain views of a mapped live region (``(COMM_SLOTS,) COMM_SLOT``), made once per ring:
+    a structured field view costs microseconds to make, and a tick reads a dozen of them."""
+
+    __slots__ = ("flow_seq", "flow_word", "flows", "heads", "raw", "u32", "word")
+
+    def __init__(self, live: npt.NDArray[Any]) -> None:
+        n = len(live)
+        self.raw = live.view(np.uint8).reshape(n, live.dtype.itemsize)
+        self.u32 = self.raw.view("<u4")  # (n, slot bytes / 4): seqlocks by column
+        self.word = self.raw[:, :8].view("<u8")[:, 0]  # (n,) seqlock | state << 32
+        self.heads = self.raw[:, :_FLOWS].reshape(n, _UNITS, _OP_BYTES)
+        self.flows = self.raw[:, _FLOWS:].reshape(n, ringlayout.FLOWS_PER_COMM, _FLOW_BYTES)
+        self.flow_word = self.flows[:, :, :8].view("<u8")[:, :, 0]  # seqlock | dir << 32 ...
+        self.flow_seq = self.flows[:, :, :4].view("<u4")[:, :, 0]
 
 
 def status(path: str, h: np.void) -> Status:
     """``Status`` from a copy of the header (``ringlayout.HEADER``) of the ring at ``path``."""
+    values = dict(zip(_STATUS_NAMES, _STATUS.unpack_from(h.tobytes(), _STATUS_AT), strict=True))
     check = ringlayout.Checker(path, "header", ringlayout.field_offset(ringlayout.HEADER, "state"))
-    state = check.enum("state", int(h["state"]), ringlayout.RING_STATE_NAMES)
-    counters = {f.name: int(h[f.name]) for f in _COUNTERS}
-    return Status(state=state, **counters)
+    state = check.enum("state", values.pop("state"), ringlayout.RING_STATE_NAMES)
+    return Status(state=state, **values)
 
 
-def seqlock_copy(live: npt.NDArray[Any], retries: int) -> Copies:
-    """Copy the live region ``live`` (a view of the comm slots) slot by slot under seqlocks.
+def seqlock_copy(region: Region, retries: int) -> Copies:
+    """Copy the live communicators of ``region`` slot by slot under seqlocks (protocol §1).
 
-    The first attempt reads every seqlock, copies the whole region in one go (152 KiB) and
-    reads the seqlocks again; a slot whose two readings agree and are even is final. Later
-    attempts re-read only the slots still unstable, so their window is a few microseconds.
-    After ``retries`` attempts the remaining slots keep their latest copy, flagged torn.
-    The copies are the protocol's values: a QUEUED flow's step counters are zeroed (header
-    protocol §2, version 2: the writer leaves the previous op's there until the flow runs).
+    Which slots: a comm slot whose first word shows an even seqlock and state FREE is free at
+    that instant and left out; every other comm slot is copied (identity, counters and op
+    slots: 1.5 KiB), and of its flow slots those whose first word shows dir != NONE or an odd
+    seqlock (a visible flow or one being written), 64 B each. At 8 communicators with 32 flows
+    that is 28 KiB of the 152 KiB region, and the decode sees only those slots.
+
+    "Shows": the first 8 bytes of a slot are its seqlock and its state (comm) or dir (flow),
+    read with one aligned 8-byte load (numpy copies aligned 8-byte items whole), so both come
+    from the same instant: an even seqlock means no write was in progress then.
+
+    Each copied slot is bracketed by two readings of its seqlock; a slot whose readings agree
+    and are even is final. Later attempts re-read only the slots still unstable. After
+    ``retries`` attempts the remaining slots keep their latest copy, flagged torn. The copies
+    are the protocol's values: a QUEUED flow's step counters are zeroed (header protocol §2,
+    version 2: the writer leaves the previous op's there until the flow runs).
     """
-    raw = live.view(np.uint8).reshape(len(live), live.dtype.itemsize)
-    before = _seqlocks(live)
-    copy = raw.copy()  # one memcpy; a structured copy would go field by field
-    after = _seqlocks(live)
-    data = copy.view(live.dtype).reshape(len(live))
-    need = [(s1 != s2) | (s1 % 2 == 1) for s1, s2 in zip(before, after, strict=True)]
-    # A comm slot's retry copies its identity and counters only, not its ops and flows.
-    head = ringlayout.field_offset(ringlayout.COMM_SLOT, "ops")
+    sel = np.flatnonzero(region.word & _COMM_IN_USE)
+    rows = sel[:, None]
+    before = region.u32[rows, _SEQ_COLS]  # (m, 1 + OPS_PER_COMM)
+    head = region.raw[sel, :_FLOWS]  # one gather: identity, counters, op slots
+    after = region.u32[rows, _SEQ_COLS]
+    fr, fc = np.nonzero(region.flow_word[sel] & _FLOW_IN_USE)
+    frow = sel[fr]
+    f1 = region.flow_seq[frow, fc]
+    flows = region.flows[frow, fc]  # (k, 64)
+    f2 = region.flow_seq[frow, fc]
+    if _held(before, after) and _held(f1, f2):  # the usual case: nothing was being written
+        need, fneed, attempt = _CLEAN_HEADS[: len(sel)], _CLEAN_FLOWS[: len(fr)], 1
+    else:
+        need = (before != after) | (before & 1).astype(bool)
+        fneed = (f1 != f2) | (f1 & 1).astype(bool)
+        attempt = _retry(
+            region, retries, sel=sel, head=head, need=need, at=(frow, fc), flows=flows, fneed=fneed
+        )
+    queued = flows[:, _FLOW_STATE] == ringlayout.FLOW_QUEUED
+    if queued.any():
+        flows[queued, _STEPS] = 0
+    comms = np.frombuffer(head, ringlayout.COMM_HEAD)  # a view (cheaper than .view())
+    return Copies(
+        slots=sel,
+        comms=comms,
+        ops=comms["ops"],
+        flows=np.frombuffer(flows, ringlayout.FLOW_SLOT),
+        flow_comm=fr,
+        flow_slot=fc,
+        torn_comms=need[:, 0],
+        torn_ops=need[:, 1:],
+        torn_flows=fneed,
+        attempts=attempt,
+    )
+
+
+def _retry(
+    region: Region,
+    retries: int,
+    *,
+    sel: npt.NDArray[np.intp],
+    head: npt.NDArray[np.uint8],
+    need: npt.NDArray[np.bool_],
+    at: tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]],
+    flows: npt.NDArray[np.uint8],
+    fneed: npt.NDArray[np.bool_],
+) -> int:
+    """Attempts 2 .. ``retries`` on the slots whose seqlock did not hold (``need``: comm
+    identities and op slots by row of ``head``; ``fneed``: flow slots at ``at``, (comm slot,
+    flow slot) pairs), updating copies and flags in place; returns the attempts made."""
+    frow, fc = at
     attempt = 1
-    while attempt < retries and any(bool(n.any()) for n in need):
+    while attempt < retries and (need.any() or fneed.any()):
         attempt += 1
         if attempt > _SPIN_ATTEMPTS:
             # A writer preempted mid-write holds its seqlock odd for a scheduling quantum:
             # let it run if it shares our CPU (a yield, not a wait).
             os.sched_yield()
-        idx = np.nonzero(need[0])
-        if len(idx[0]):
-            s1 = live["seqlock"][idx]
-            copy[idx[0], :head] = raw[idx[0], :head]
-            s2 = live["seqlock"][idx]
-            need[0][idx[0][(s1 == s2) & (s1 % 2 == 0)]] = False
-        for view, out, want in zip(
-            (live["ops"], live["flows"]), (data["ops"], data["flows"]), need[1:], strict=True
-        ):
-            idx = np.nonzero(want)
-            if not len(idx[0]):
-                continue
-            s1 = view["seqlock"][idx]
-            out[idx] = view[idx]  # final where the seqlock held, the latest try elsewhere
-            s2 = view["seqlock"][idx]
-            good = (s1 == s2) & (s1 % 2 == 0)
-            want[tuple(i[good] for i in idx)] = False
-    flows = data["flows"]
-    queued = flows["state"] == ringlayout.FLOW_QUEUED
-    if queued.any():
-        for name in _STEP_COUNTERS:
-            flows[name][queued] = 0
-    return Copies(data, data["ops"], flows, need[0], need[1], need[2], attempt)
+        _retry_heads(region, sel, head, need)
+        idx = np.flatnonzero(fneed)
+        if len(idx):
+            r, c = frow[idx], fc[idx]
+            s1 = region.flow_seq[r, c]
+            flows[idx] = region.flows[r, c]  # final where the seqlock held, the latest try else
+            s2 = region.flow_seq[r, c]
+            fneed[idx] = (s1 != s2) | (s1 & 1).astype(bool)
+    return attempt
 
 
-def _seqlocks(live: npt.NDArray[Any]) -> tuple[npt.NDArray[Any], ...]:
-    return (
-        live["seqlock"].copy(),
-        live["ops"]["seqlock"].copy(),
-        live["flows"]["seqlock"].copy(),
-    )
+def _held(s1: npt.NDArray[np.uint32], s2: npt.NDArray[np.uint32]) -> bool:
+    """Whether every seqlock read twice held: same value both times, and even. Cheaper than
+    the per-slot flags when it holds (bytes compared, not a chain of numpy operations)."""
+    return s1.tobytes() == s2.tobytes() and not (s1 & 1).any()
+
+
+def _retry_heads(
+    region: Region, sel: npt.NDArray[np.intp], head: npt.NDArray[np.uint8], need: Any
+) -> None:
+    """Copy again the identities and op slots of ``need`` (rows of ``head``), in place; a
+    comm identity's retry copies its counters too, never its ops and flows."""
+    ri = np.flatnonzero(need.any(axis=1))
+    if not len(ri):
+        return
+    src = sel[ri]
+    s1 = region.u32[src[:, None], _SEQ_COLS]
+    units = need[ri][:, _UNIT_COL]
+    a, b = np.nonzero(units)
+    got = region.heads[src[a], b]
+    s2 = region.u32[src[:, None], _SEQ_COLS]
+    head.reshape(len(head), _UNITS, _OP_BYTES)[ri[a], b] = got  # the latest try, held or not
+    need[ri] &= (s1 != s2) | (s1 & 1).astype(bool)
 
 
 def snapshot(
@@ -259,12 +400,14 @@ def snapshot(
     out: list[CommState] = []
     torn = 0
     size = ringlayout.COMM_SLOT.itemsize
-    for i in (int(i) for i in np.flatnonzero(copies.comms["state"] != ringlayout.COMM_FREE)):
-        c = copies.comms[i]
+    bounds = np.searchsorted(copies.flow_comm, np.arange(len(copies.slots) + 1)).tolist()
+    for row in np.flatnonzero(copies.comms["state"] != ringlayout.COMM_FREE).tolist():
+        i = int(copies.slots[row])
+        c = copies.comms[row]
         base = region_offset + i * size
         check = ringlayout.Checker(path, f"comm slot {i}", base)
         code = int(c["state"])
-        comm_torn = bool(copies.torn_comms[i])
+        comm_torn = bool(copies.torn_comms[row])
         torn += comm_torn
         try:
             state = check.enum("state", code, ringlayout.COMM_STATE_NAMES)
@@ -275,8 +418,8 @@ def snapshot(
                 continue
             raise
         ops = []
-        for j, o in _rows(copies.ops[i], copies.ops[i]["state"] >= ringlayout.OP_ACTIVE):
-            t = bool(copies.torn_ops[i, j])
+        for j, o in _rows(copies.ops[row], copies.ops[row]["state"] >= ringlayout.OP_ACTIVE):
+            t = bool(copies.torn_ops[row, j])
             torn += t
             offset = base + _OPS + j * ringlayout.OP_SLOT.itemsize
             op_check = ringlayout.Checker(path, f"comm slot {i} op {j}", offset)
@@ -286,8 +429,11 @@ def snapshot(
                 if not t:
                     raise
         flows = []
-        for k, f in _rows(copies.flows[i], copies.flows[i]["dir"] != ringlayout.DIR_NONE):
-            t = bool(copies.torn_flows[i, k])
+        lo, hi = bounds[row], bounds[row + 1]
+        mine = copies.flows[lo:hi]
+        for n, f in _rows(mine, mine["dir"] != ringlayout.DIR_NONE):
+            k = int(copies.flow_slot[lo + n])
+            t = bool(copies.torn_flows[lo + n])
             torn += t
             offset = base + _FLOWS + k * ringlayout.FLOW_SLOT.itemsize
             flow_check = ringlayout.Checker(path, f"comm slot {i} flow {k}", offset)

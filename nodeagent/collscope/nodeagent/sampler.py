@@ -272,7 +272,15 @@ class Sampler:
         c = copies.comms
         # Slot states and generations change only at communicator init and finalize: compare
         # their bytes first, decode the keys only when they moved (most ticks: they did not).
-        stamp = c["state"].tobytes() + c["generation"].tobytes() + copies.torn_comms.tobytes()
+        # Only live slots are copied: which slots they are is part of the stamp.
+        stamp = b"".join(
+            (
+                copies.slots.tobytes(),
+                c["state"].tobytes(),
+                c["generation"].tobytes(),
+                copies.torn_comms.tobytes(),
+            )
+        )
         if stamp == t.comm_stamp:
             return
         t.comm_stamp = stamp

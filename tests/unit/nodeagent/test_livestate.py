@@ -81,3 +81,99 @@ def test_comm_records_name_the_live_slots(tmp_path: pathlib.Path, scenario: Any)
         want = ringrecords.comm_records(3, r.snapshot())
     assert got == want
     assert tables.SEND == 0 and ringlayout.COMM_SLOTS == 16
+
+
+def _ring(new: Any, path: pathlib.Path, slots: dict[int, list[int]]) -> pathlib.Path:
+    """A ring (``new()``: an empty conftest builder) with an AllReduce in flight on each comm
+    slot of ``slots`` and a flow at each listed flow slot (channels above 127 among them: u1
+    values must not wrap)."""
+    b = new()
+    for slot, flows in slots.items():
+        b.comm(slot=slot, comm_hash=0xC000 + slot, rank=1, nranks=300)
+        b.op(comm=slot, slot=slot % 8, serial=3, seq=50 + slot)
+        for n, k in enumerate(flows):
+            recv = n % 2 == 1
+            b.flow(
+                comm=slot,
+                slot=k,
+                serial=3,
+                channel=(37 * k) % 256,
+                peer=(11 * k + slot) % 300,
+                dir=ringlayout.DIR_RECV if recv else ringlayout.DIR_SEND,
+            )
+    written: pathlib.Path = b.write(path)
+    return written
+
+
+def test_a_batch_of_rings_with_different_live_slots(tmp_path: pathlib.Path, builder: Any) -> None:
+    # Only live slots are copied, so the rings of a batch contribute different numbers of
+    # communicators and flows: each ring's rows must be those it gives alone and those of the
+    # reference decoder, with global peers of its own communicators.
+    layouts = [
+        {0: [0, 1, 127], 5: [64, 3]},
+        {},
+        {15: [126, 127, 0, 1, 2], 2: []},
+        {9: [10]},
+    ]
+    paths = [_ring(type(builder), tmp_path / f"r{n}.ring", s) for n, s in enumerate(layouts)]
+    peers = {(0xC000 + 5, 3): 42, (0xC000 + 15, 1): 7}
+    w = window.Window(window_s=60, memory_cap_bytes=1 << 30)
+    names = livestate.Names(w.comm_ids, w.strings)
+    for (h, comm_rank), g in peers.items():
+        names.learn_peer(h, comm_rank, g)
+    rings = [ring.open(p) for p in paths]
+    try:
+        parts = []
+        for rank, r in enumerate(rings):
+            _, copies, taken = r.live_copies()
+            parts.append(livestate.Part(r.path, 10 + rank, copies, taken))
+        batch = livestate.state_rows_batch(parts, names)
+        alone = [livestate.state_rows_batch([p], names)[0] for p in parts]
+    finally:
+        for r in rings:
+            r.close()
+    assert [len(b.states) for b in batch] == [2, 0, 2, 1]  # slot 2 of ring 2: no flow yet
+    for b, a in zip(batch, alone, strict=True):
+        assert b.states.tobytes() == a.states.tobytes()
+        assert b.flows.tobytes() == a.flows.tobytes()
+    for rank, (path, b) in enumerate(zip(paths, batch, strict=True)):
+        w = window.Window(window_s=60, memory_cap_bytes=1 << 30)
+        names = livestate.Names(w.comm_ids, w.strings)
+        for (h, comm_rank), g in peers.items():
+            names.learn_peer(h, comm_rank, g)
+        p = parts[rank]
+        rows = livestate.state_rows(str(path), p.rank, p.copies, p.taken_ns, names)
+        w.add(10 + rank, states=rows.states, flows=rows.flows)
+        got = [
+            rec
+            for rec in w.bundle(models.Job(world_size=11 + rank)).iter_records()
+            if isinstance(rec, models.StateRecord)
+        ]
+        assert got == reference(path, 10 + rank, peers, parts[rank].taken_ns)
+        assert len(b.flows) == sum(len(f) for f in layouts[rank].values())
+
+
+def test_peers_learnt_later_are_used(tmp_path: pathlib.Path, builder: Any) -> None:
+    path = _ring(type(builder), tmp_path / "r.ring", {4: [0, 1]})
+    w = window.Window(window_s=60, memory_cap_bytes=1 << 30)
+    names = livestate.Names(w.comm_ids, w.strings)
+    names.learn_peer(0xC000 + 4, 99, 1)  # some other peer: the tables are built
+    with ring.open(path) as r:
+        _, copies, taken = r.live_copies()
+        first = livestate.state_rows(str(path), 0, copies, taken, names)
+        names.learn_peer(0xC000 + 4, int(first.flows["peer"][0]), 123)
+        second = livestate.state_rows(str(path), 0, copies, taken, names)
+    assert int(second.flows["peer"][0]) == 123
+    assert second.flows["peer"][1:].tolist() == first.flows["peer"][1:].tolist()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("func", 13), ("func", 200), ("bytes", 2**63), ("seq", 2**64 - 1)]
+)
+def test_untorn_op_out_of_domain_is_corrupt(
+    tmp_path: pathlib.Path, scenario: Any, field: str, value: int
+) -> None:
+    scenario.op(**({"slot": 2, "serial": 1, "seq": 17} | {field: value}))
+    path = scenario.write(tmp_path / "r.ring")
+    with pytest.raises(errors.RingCorrupt, match="comm slot 0 op 2"):
+        fast(path, 3, {})

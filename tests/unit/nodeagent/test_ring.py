@@ -586,5 +586,6 @@ def test_queued_flow_counters_read_as_zero(scenario: Builder, tmp_path: pathlib.
     assert (flow.state, flow.serial, flow.total) == ("queued", 2, 4)
     counts = (flow.started, flow.ready_posted, flow.sent_done, flow.done_consumed)
     assert (*counts, flow.gpu_ready) == (0, 0, 0, 0, 0)
-    raw = copies.flows[0, 9]
+    raw = copies.flow(0, 9)
+    assert raw is not None
     assert [int(raw[n]) for n in ("started", "c_ready_posted", "c_done_consumed")] == [0, 0, 0]
