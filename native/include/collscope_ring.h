@@ -11,7 +11,7 @@
  * Encoding: little-endian, every struct fixed-size and naturally aligned, explicit padding,
  * no pointers. Strings are fixed-size char arrays, always NUL-terminated (truncated to fit).
  * Times are CLOCK_REALTIME nanoseconds since the Unix epoch (int64), the clock of the bundle
- * records (spec/bundle-v1.md). "coarse" times have the same epoch but a resolution of
+ * records (docs/spec/bundle-v1.md). "coarse" times have the same epoch but a resolution of
  * header.coarse_res_ns (10 ms): the plugin's heartbeat thread refreshes a process-wide copy of
  * CLOCK_REALTIME every 10 ms and the hot path reads that copy, a memory load, instead of
  * calling the clock (CLOCK_REALTIME_COARSE when the thread is not running).

@@ -1,1 +1,1 @@
-"""collscope node agent: reads trace rings and exports trace bundles (see spec/bundle-v1.md)."""
+"""collscope node agent: reads trace rings, exports trace bundles (see docs/spec/bundle-v1.md)."""

@@ -3,9 +3,9 @@
 Everything here is JSON over HTTP; times are CLOCK_REALTIME ns (``_ns``), durations carry their
 unit in the name. Fields are added, never renamed or removed, within ``v1``; unknown fields are
 ignored when reading, so an older operator can read a newer agent. Bundle records on the wire
-(``/v1/window``) are spec/bundle-v1.md lines, not models from this module, or, when the request's
-``Accept`` names ``application/vnd.collscope.columns.v1``, the same records as column arrays
-(``bundle/columnar.py`` documents that layout).
+(``/v1/window``) are docs/spec/bundle-v1.md lines, not models from this module, or, when the
+request's ``Accept`` names ``application/vnd.collscope.columns.v1``, the same records as column
+arrays (``bundle/columnar.py`` documents that layout).
 
 Endpoints (``server.py``)::
 

@@ -3,7 +3,7 @@
 Hierarchy::
 
     CollscopeError                      root of everything collscope raises on purpose
-    ├── BundleError(ValueError)         a trace bundle that does not follow spec/bundle-v1.md
+    ├── BundleError(ValueError)         a trace bundle that does not follow docs/spec/bundle-v1.md
     │   └── BundleFormatError           one precise defect: file, line, field and reason
     ├── RingError                       a trace ring file (native/include/collscope_ring.h)
     │   ├── RingCorrupt(ValueError)     bad magic, sizes, bounds or counters: file, region,
@@ -40,7 +40,7 @@ class CollscopeError(Exception):
 
 
 class BundleError(CollscopeError, ValueError):
-    """A trace bundle cannot be read as spec/bundle-v1.md describes."""
+    """A trace bundle cannot be read as docs/spec/bundle-v1.md describes."""
 
 
 class BundleFormatError(BundleError):

@@ -1,6 +1,6 @@
 """Completion and communicator records of a ring (``ring.Ring.events_since``) as window rows.
 
-Each ``OpEvent`` becomes one ``tables.OP_DTYPE`` row (spec/bundle-v1.md ``op``: ``ts`` = end,
+Each ``OpEvent`` becomes one ``tables.OP_DTYPE`` row (docs/spec/bundle-v1.md ``op``: ``ts`` = end,
 the end clamped to the start when NTP stepped the clock back between the two, peers mapped to
 global ranks as ``ringrecords.op_records`` maps them); each communicator init becomes a
 ``comm`` record and teaches ``names`` its (comm hash, comm rank) -> rank.

@@ -73,7 +73,7 @@ class Collector(registry.Collector):
             return
         value = GaugeMetricFamily(
             "collscope_hardware_value",
-            "Latest sample of a GPU or NIC counter (metric names: spec/bundle-v1.md hw).",
+            "Latest sample of a GPU or NIC counter (metric names: docs/spec/bundle-v1.md hw).",
             labels=["device", "metric"],
         )
         for rec in hw.latest():

@@ -1,7 +1,7 @@
 """Completion and communicator records of a trace ring (ring header protocol §3).
 
 The event region is a ring of 64-byte records: one per finished collective or point-to-point
-operation (``struct collscope_op_record``: what a spec/bundle-v1.md ``op`` record carries, with
+operation (``struct collscope_op_record``: what a docs/spec/bundle-v1.md ``op`` record carries, with
 the end taken from the op's true completion, notes/nccl-profiler.md §3) and one per
 communicator init or finalize (``struct collscope_comm_record``). Record number ``i`` (its
 write index) lives in slot ``i % count`` and is valid while that slot's ``idx`` equals ``i``;

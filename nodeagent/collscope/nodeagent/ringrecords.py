@@ -1,4 +1,4 @@
-"""Ring contents as spec/bundle-v1.md records: ``comm``, ``op`` and ``state``.
+"""Ring contents as docs/spec/bundle-v1.md records: ``comm``, ``op`` and ``state``.
 
 ``state_records`` turns a live snapshot into one ``state`` record per communicator that has an
 operation in flight (the op slot with the lowest serial, ring header protocol §2), with one flow

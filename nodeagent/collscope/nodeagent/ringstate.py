@@ -2,7 +2,7 @@
 
 The live-state region holds, per communicator, its identity, the ops it has in flight and, per
 (channel, peer, direction), the cumulative chunk counters of notes/nccl-profiler.md §4 (send:
-ready / sent / done; recv: posted / done / consumed, as spec/bundle-v1.md ``state`` records
+ready / sent / done; recv: posted / done / consumed, as docs/spec/bundle-v1.md ``state`` records
 count them). The writer publishes each slot under a seqlock (ring header protocol §1); this
 module copies them consistently (``seqlock_copy``) and turns the copies into typed records
 (``snapshot``). ``ring.Ring.snapshot`` is the entry point.

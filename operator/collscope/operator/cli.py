@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
         description="--kind collective (default): simulate a TPxPPxDP training job chunk "
         "by chunk (ring or tree collectives over NVLink and a network proxy) with one "
         "injected fault, and write what a node agent would export: a trace bundle "
-        "(spec/bundle-v1.md) plus truth.json. --kind flows: simulate several jobs on a "
+        "(docs/spec/bundle-v1.md) plus truth.json. --kind flows: simulate several jobs on a "
         "shared leaf-spine fabric and write what a flow collector would export: a "
         "flows-only bundle (job.json with the fabric's GPUs, flows.jsonl) plus truth.json.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     ana.add_argument(
         "--json",
         action="store_true",
-        help="print the Diagnosis JSON of spec/bundle-v1.md instead of a summary",
+        help="print the Diagnosis JSON of docs/spec/bundle-v1.md instead of a summary",
     )
     ana.set_defaults(func=_cmd_analyze)
 
@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     dump = ring_sub.add_parser(
         "dump",
         help="print rings as bundle-v1 records",
-        description="Print each ring as spec/bundle-v1.md JSON lines on stdout: its comm "
+        description="Print each ring as docs/spec/bundle-v1.md JSON lines on stdout: its comm "
         "records, the op records still in its event ring, and a state record per "
         "communicator with an operation in flight now; a header summary per ring goes to "
         "stderr. Peers are communicator ranks in a ring: give the rings of the other "

@@ -26,7 +26,7 @@ Columns (``COLUMNS``) are those of the ``tables`` dtype of the same name, with o
 ``states`` carries ``nflows`` (``<i8``, flows of the record) instead of ``flow_lo``/``flow_hi``,
 and ``flows`` lists every state's flows in state order, so ``sum(nflows) == flows.rows``. Values
 mean what the ``tables`` docstring says (-1: absent peer, kernel, unused flow count); every rule
-of spec/bundle-v1.md holds (non-negative counts, ``ready >= sent >= done``, ``comm_rank <
+of docs/spec/bundle-v1.md holds (non-negative counts, ``ready >= sent >= done``, ``comm_rank <
 nranks``, ``end >= start``, ...). Unknown tables and columns are ignored (added, never renamed,
 within v1); ``hw`` may be absent (no rows); any other missing table or column, a dtype other
 than the one listed, a buffer outside the data, an index outside ``comm_ids``/``strings`` or a

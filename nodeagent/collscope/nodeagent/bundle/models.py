@@ -1,4 +1,4 @@
-"""Pydantic models of one bundle line or file, exactly as spec/bundle-v1.md defines them.
+"""Pydantic models of one bundle line or file, exactly as docs/spec/bundle-v1.md defines them.
 
 Unknown fields are ignored (forward compatibility); a missing required field or a value out of
 range is an error. Sample ``records.jsonl`` line::

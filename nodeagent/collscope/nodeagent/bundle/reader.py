@@ -1,4 +1,4 @@
-"""Reads a trace bundle (spec/bundle-v1.md), a directory or a ``.tar.gz`` of one, into a ``Bundle``.
+"""Reads a trace bundle (docs/spec/bundle-v1.md), a directory or its ``.tar.gz``, into a ``Bundle``.
 
 ``records.jsonl[.gz]`` is streamed line by line (bytes, never the whole file) and each line is
 validated by the pydantic models of ``models`` (pydantic-core parses the JSON in Rust); records

@@ -1,4 +1,4 @@
-"""Writes a ``Bundle`` as a trace bundle (spec/bundle-v1.md): a directory or a ``.tar.gz``.
+"""Writes a ``Bundle`` as a trace bundle (docs/spec/bundle-v1.md): a directory or a ``.tar.gz``.
 
 Layout written::
 

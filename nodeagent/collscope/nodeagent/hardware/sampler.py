@@ -3,7 +3,7 @@
 One daemon thread calls each source in turn every ``interval_s``; a source that is absent or
 fails is recorded in its status and the others carry on (a bug in one source is logged and
 reported the same way, never allowed to end the thread). Samples become bundle-v1 ``hw``
-records (spec/bundle-v1.md) and are kept for ``history_s``, oldest dropped first; all methods
+records (docs/spec/bundle-v1.md) and are kept for ``history_s``, oldest dropped first; all methods
 are safe to call from other threads (the HTTP server, the exporter).
 
 ``rank`` of a record: hardware belongs to a node, not to a rank, so records are made with

@@ -7,7 +7,7 @@ in ``warnings``; a source that is absent on the node raises ``errors.HardwareUna
 ``sample`` (each call retries, so a driver loaded later is picked up).
 
 A reading is ``(device, metric, value)``; metric names are the agent's Prometheus names without
-the ``collscope_`` prefix, as spec/bundle-v1.md ``hw`` records use them, with units in the name
+the ``collscope_`` prefix, as docs/spec/bundle-v1.md ``hw`` records use them, with units in the name
 (``_bytes_total`` counters, ``_bytes_per_second`` rates, ``_mhz``, ``_watts``).
 """
 

@@ -1,5 +1,5 @@
 """The agent's side of the hand-over: the ``functions.<rank>.jsonl`` files probes left in trace
-directories, validated, as the lines of a bundle's ``functions.jsonl`` (spec/bundle-v1.md).
+directories, validated, as the lines of a bundle's ``functions.jsonl`` (docs/spec/bundle-v1.md).
 
 A file being replaced is read whole or not at all (the probe renames complete files into
 place); a line that does not validate is skipped and counted, never fatal: one broken probe

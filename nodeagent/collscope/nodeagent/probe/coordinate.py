@@ -14,7 +14,7 @@ copies the file between the trace directories of the job's pods (it sees them al
 single-node job the directory may simply be shared. Every rank polls the file (one ``stat``
 per ``poll_s``), starts its profiler at the first iteration >= ``start_iteration`` and stops
 after ``iterations`` or ``window_s``, then writes ``functions.<rank>.jsonl`` (the lines of
-``functions.jsonl`` in spec/bundle-v1.md) next to it for the agent to pick up.
+``functions.jsonl`` in docs/spec/bundle-v1.md) next to it for the agent to pick up.
 Writes are atomic (temporary file + rename).
 """
 

@@ -1,4 +1,4 @@
-"""Turning simulated timings into the records a node agent exports (spec/bundle-v1.md).
+"""Turning simulated timings into the records a node agent exports (docs/spec/bundle-v1.md).
 
 Times arrive as float64 seconds since job start in the job's reference clock (``inf`` =
 never) and leave as int ns on the writing host's clock: ``start_ns + t + offset[node]``, each

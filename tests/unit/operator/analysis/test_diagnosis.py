@@ -1,4 +1,4 @@
-"""The Diagnosis record: JSON shape of spec/bundle-v1.md, round trip, and the category table."""
+"""The Diagnosis record: JSON shape of docs/spec/bundle-v1.md, round trip, the category table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from collscope.operator.analysis import diagnosis
 
-# Field names of the "Diagnosis" section of spec/bundle-v1.md (precision is our extension).
+# Field names of the "Diagnosis" section of docs/spec/bundle-v1.md (precision is our extension).
 SPEC_FIELDS = {
     "schema",
     "anomaly",

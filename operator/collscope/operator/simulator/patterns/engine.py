@@ -1,5 +1,5 @@
 """Pattern bundles: ``cases.generate`` written as job.json, an empty records.jsonl.gz,
-functions.jsonl (spec/bundle-v1.md) and truth.json.
+functions.jsonl (docs/spec/bundle-v1.md) and truth.json.
 """
 
 from __future__ import annotations
