@@ -1,4 +1,4 @@
-"""The Diagnosis result of spec/bundle-v1.md and the category table it draws from.
+"""The Diagnosis result of docs/spec/bundle-v1.md and the category table it draws from.
 
 ``Category`` is an Enum of frozen records (STYLE habit 7): each category carries its trigger
 family, the component usually at fault, how severe it is, and what an SRE should do about it, so
@@ -42,7 +42,7 @@ class CategoryInfo:
 
 
 class Category(enum.Enum):
-    """The categories of spec/bundle-v1.md, each with what follows from it."""
+    """The categories of docs/spec/bundle-v1.md, each with what follows from it."""
 
     HANG_NOT_ENTERED = CategoryInfo(
         "hang.not_entered",

@@ -111,7 +111,7 @@ def diagnose_flows(
     *,
     job: models.Job | None = None,
 ) -> diagnosis.Diagnosis:
-    """The Diagnosis of spec/bundle-v1.md for one window of flows (see module docstring)."""
+    """The Diagnosis of docs/spec/bundle-v1.md for one window of flows (see module docstring)."""
     return to_diagnosis(analyze(flows, settings, job=job), settings)
 
 

@@ -1,6 +1,6 @@
 """Network flows in columnar form: the input of black-box analysis (LLMPrism §II-B).
 
-One row per line of ``flows.jsonl`` (spec/bundle-v1.md), sample::
+One row per line of ``flows.jsonl`` (docs/spec/bundle-v1.md), sample::
 
     {"ts": 1767225660123456000, "src": "10.0.3.1", "dst": "10.0.7.1", "bytes": 8388608,
      "duration": 212000, "switches": ["leaf-00", "spine-03", "leaf-01"]}

@@ -66,7 +66,7 @@ def diagnose_patterns(
     *,
     job: models.Job | None = None,
 ) -> diagnosis.Diagnosis:
-    """The Diagnosis of spec/bundle-v1.md from function patterns (see module docstring)."""
+    """The Diagnosis of docs/spec/bundle-v1.md from function patterns (see module docstring)."""
     return to_diagnosis(analyze(t, settings), settings, job=job)
 
 

@@ -15,7 +15,7 @@ from collscope.operator.analysis.patterns import imbalance, localise, table
 MAX_LISTED = 8
 _DIMS = ("β", "μ", "\u03c3")
 
-# kind -> (category, culprit component) of the Diagnosis table (spec/bundle-v1.md)
+# kind -> (category, culprit component) of the Diagnosis table (docs/spec/bundle-v1.md)
 CATEGORY: dict[str, tuple[diagnosis.Category, diagnosis.Component]] = {
     "kernel": (diagnosis.Category.SLOW_COMPUTE, "gpu"),
     "comm": (diagnosis.Category.SLOW_NETWORK, "nic"),
