@@ -1,29 +1,64 @@
-"""Diagnosis accuracy over simulated faults: does collscope find the right rank, the right
-category, fast, and never alarm on a healthy job?
+"""Diagnosis accuracy: does collscope find the right rank, node and category, fast, with a
+confidence that means what it says, and never alarm on a healthy job?
 
     .venv/bin/python bench/accuracy.py                 # the full sweep recorded in bench/README.md
     .venv/bin/python bench/accuracy.py --quick         # a smoke sweep, a minute or two
+    .venv/bin/python bench/accuracy.py --strip-hw      # the same sweep without hardware samples
     .venv/bin/python bench/accuracy.py --json out.json # also keep every case
+    .venv/bin/python bench/accuracy.py --bundles ../shared/eval-dev   # bundles from elsewhere
 
-Each case simulates a job (collscope.operator.simulator) with one fault, runs the analysis
-exactly as `collscope analyze` does (analysis.engine.diagnose on the in-memory bundle: the
-bundle file round trip is tested separately and would only add I/O time here), and compares the
-diagnosis with truth.json: detected (anomaly reported), top-1 culprit in the truth's culprit
-ranks, category equal to the expected one, detection latency (detected_at - onset), analysis
-wall time. Fault-free runs count a false alarm when any anomaly is reported.
+Two sources of cases. By default each case simulates a job (collscope.operator.simulator) with
+one fault and runs the analysis exactly as `collscope analyze` does (analysis.engine.diagnose on
+the in-memory bundle: the bundle file round trip is tested separately and would only add I/O
+time here); ``--strip-hw`` first drops the bundle's ``hw`` records (GPU/NIC counters), as a live
+window without hardware samples would be (with ``--bundles`` too). ``--bundles DIR`` instead
+scores a directory laid out like ``../shared/eval-dev/``::
+
+    DIR/index.json            [{"case": "case-002", "kind": "nic-down", "shape": [8, 2, 8]}, ...]
+    DIR/case-002/job.json, records.jsonl.gz    a bundle (docs/spec/bundle-v1.md)
+    DIR/case-002/truth.json   {"fault": "nic-down", "onset": 1763000004641901401,
+                               "culprits": [108], "category": "hang.network", "shape": {...}}
+
+(``category`` and ``onset`` null for a fault-free case), each bundle read with ``reader.load``.
+
+Per case, against the truth: *detected* (an anomaly reported), *top-1* (the first culprit's rank
+is a truth culprit), *right node* (the first culprit's node, from job.json, is the node of a
+truth culprit), *category* (equal to the truth's), *latency* (detected_at - onset), analysis
+wall time. A fault-free case counts a false alarm when any anomaly is reported, and is right on
+every count when none is. Tables are keyed by fault name (the simulator's) or ``kind``
+(``--bundles``).
+
+After the tables, the confidence is checked. A verdict is *right* when its top-1 rank is a
+truth culprit and its category equals the truth's; any verdict on a fault-free case is wrong.
+The reliability table bins the anomaly verdicts by confidence, [0, 0.5), [0.5, 0.8),
+[0.8, 0.95), [0.95, 1.0], and gives each bin's share right: a calibrated analysis is right about
+as often as it says. The Brier score is taken over the anomaly verdicts only, mean((confidence -
+right)^2) with right = 1 or 0: 0 when every confidence is exact, 0.25 for a constant 0.5. Cases
+with no anomaly carry no confidence and are not in it; they are counted beside it (fault-free
+cases that raised an anomaly, faulty cases with no verdict).
+
+One file past 400 lines on purpose: bench scripts are run by path and import nothing from each
+other, so both sources of cases, the scoring and the report stay in the script that runs them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
+import pathlib
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
+from collscope.nodeagent.bundle import reader, tables
+from collscope.operator.analysis import diagnosis, placement
 from collscope.operator.analysis import engine as analysis
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
@@ -33,10 +68,18 @@ from collscope.operator.simulator import engine as simulator
 FULL_PLAN = ((16, 6, 12), (64, 6, 12), (256, 2, 2), (1024, 1, 0))
 QUICK_PLAN = ((16, 1, 2), (64, 1, 2))
 ALGOS: tuple[config.Algo, ...] = ("ring", "tree")
+# Confidence bins of the reliability table, [lo, hi); the last one also holds 1.0. 0.8 is the
+# confidence from which issue 12 wants verdicts right >= 95 % of the time.
+RELIABILITY_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0))
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 
 @dataclass(frozen=True)
 class Case:
+    """One simulated case."""
+
     fault: str
     ranks: int
     algo: config.Algo
@@ -44,15 +87,103 @@ class Case:
 
 
 @dataclass(frozen=True)
+class BundleCase:
+    """One case of a ``--bundles`` directory: ``index.json``'s entry and where it lies."""
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]  # (tp, pp, dp)
+    path: str
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a case's truth says, whichever source it came from."""
+
+    category: str | None  # None: fault-free
+    culprits: tuple[int, ...]  # global ranks
+    onset_ns: int | None
+    hang: bool
+
+
+@dataclass(frozen=True)
 class Outcome:
-    case: Case
+    case: str  # "nic-down 64 ring seed 3", or the case directory's name
+    family: str  # fault name (simulator) or kind (--bundles): the row of the table
+    variant: str  # "ring"/"tree" (simulator) or the shape "tp8 pp2 dp4" (--bundles)
+    ranks: int
+    faulty: bool
+    hang: bool
     detected: bool
     top1: bool
+    node_ok: bool
     category_ok: bool
     category: str | None
+    top_rank: int | None
+    confidence: float
+    truth_category: str | None
+    truth_culprits: tuple[int, ...]
     latency_s: float | None
     analysis_s: float
-    simulate_s: float
+    prepare_s: float  # simulating (and stripping) or loading the bundle
+
+    @property
+    def right(self) -> bool:
+        """Top-1 rank and category right; for a fault-free case, no anomaly."""
+        return self.top1 and self.category_ok
+
+
+def score(
+    label: tuple[str, str, str],
+    bundle: tables.Bundle,
+    diag: diagnosis.Diagnosis,
+    expected: Expected,
+    *,
+    analysis_s: float,
+    prepare_s: float,
+) -> Outcome:
+    """One case's outcome; ``label`` = (case, family, variant)."""
+    where = placement.Placement.of(bundle.job)
+    top = diag.culprits[0].rank if diag.anomaly and diag.culprits else None
+    if expected.category is None:
+        top1 = node_ok = cat_ok = not diag.anomaly
+    else:
+        top1 = top is not None and top in expected.culprits
+        nodes = {where.node(r) for r in expected.culprits} - {None}
+        node_ok = top is not None and where.node(top) in nodes
+        cat_ok = diag.anomaly and diag.category == expected.category
+    latency = (
+        None
+        if diag.detected_at is None or expected.onset_ns is None
+        else (diag.detected_at - expected.onset_ns) / 1e9
+    )
+    return Outcome(
+        *label,
+        ranks=bundle.job.world_size,
+        faulty=expected.category is not None,
+        hang=expected.hang,
+        detected=diag.anomaly,
+        top1=top1,
+        node_ok=node_ok,
+        category_ok=cat_ok,
+        category=diag.category,
+        top_rank=top,
+        confidence=diag.confidence if diag.anomaly else 0.0,
+        truth_category=expected.category,
+        truth_culprits=expected.culprits,
+        latency_s=latency,
+        analysis_s=analysis_s,
+        prepare_s=prepare_s,
+    )
+
+
+def without_hw(bundle: tables.Bundle) -> tables.Bundle:
+    """``bundle`` as if its producer had written no ``hw`` records: rebuilt by the one builder
+    from a copy whose hw table is empty, so its string table also loses the hw names (as
+    ``reader.load`` of such a bundle would give); every other table keeps its rows."""
+    builder = tables.BundleBuilder(bundle.job, source=bundle.source)
+    builder.add_tables(dataclasses.replace(bundle, hw=bundle.hw[:0]))
+    return builder.build()
 
 
 def plan_cases(plan: tuple[tuple[int, int, int], ...]) -> list[Case]:
@@ -65,8 +196,9 @@ def plan_cases(plan: tuple[tuple[int, int, int], ...]) -> list[Case]:
     return cases
 
 
-def run_case(case: Case) -> Outcome:
+def run_case(case: Case, *, strip_hw: bool = False) -> Outcome:
     tp, pp, dp = config.default_parallelism(case.ranks)
+    fault = truth.Fault.from_name(case.fault)
     cfg = config.SimConfig(
         ranks=case.ranks,
         tp=tp,
@@ -74,27 +206,93 @@ def run_case(case: Case) -> Outcome:
         dp=dp,
         algo=case.algo,
         dp_mode="allreduce" if case.algo == "tree" else "rs-ag",
-        fault=truth.Fault.from_name(case.fault),
+        fault=fault,
         seed=case.seed,
     )
     t0 = time.perf_counter()
     sim = simulator.simulate(cfg)
+    bundle = without_hw(sim.bundle) if strip_hw else sim.bundle
     t1 = time.perf_counter()
-    diag = analysis.diagnose(sim.bundle)
+    diag = analysis.diagnose(bundle)
     t2 = time.perf_counter()
     tr = sim.truth
-    if tr.expected_category is None:
-        detected, top1, cat_ok = diag.anomaly, not diag.anomaly, not diag.anomaly
-    else:
-        detected = diag.anomaly
-        top1 = detected and bool(diag.culprits) and diag.culprits[0].rank in tr.culprit_ranks
-        cat_ok = detected and diag.category == tr.expected_category
-    latency = (
-        None
-        if diag.detected_at is None or tr.onset is None
-        else (diag.detected_at - tr.onset) / 1e9
+    expected = Expected(
+        tr.expected_category, tuple(tr.culprit_ranks), tr.onset, hang=fault.value.hang
     )
-    return Outcome(case, detected, top1, cat_ok, diag.category, latency, t2 - t1, t1 - t0)
+    label = (f"{case.fault} {case.ranks} {case.algo} seed {case.seed}", case.fault, case.algo)
+    return score(label, bundle, diag, expected, analysis_s=t2 - t1, prepare_s=t1 - t0)
+
+
+def bundle_cases(root: str | os.PathLike[str]) -> list[BundleCase]:
+    """The cases ``root/index.json`` lists, in its order."""
+    index = pathlib.Path(root) / "index.json"
+    try:
+        entries = json.loads(index.read_text())
+        return [
+            BundleCase(
+                str(e["case"]),
+                str(e["kind"]),
+                tuple(int(n) for n in e["shape"]),
+                str(pathlib.Path(root) / str(e["case"])),
+            )
+            for e in entries
+        ]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{index}: not a list of {{case, kind, shape}} ({e!r})") from e
+
+
+def read_expected(path: str | os.PathLike[str]) -> Expected:
+    """A case's ``truth.json`` (fault, onset, culprits, category, shape)."""
+    try:
+        data = json.loads(pathlib.Path(path).read_text())
+        category = None if data["category"] is None else str(data["category"])
+        return Expected(
+            category,
+            tuple(int(r) for r in data["culprits"]),
+            None if data["onset"] is None else int(data["onset"]),
+            hang=category is not None and category.startswith("hang."),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a truth.json of --bundles ({e!r})") from e
+
+
+def run_bundle(case: BundleCase, *, strip_hw: bool = False) -> Outcome:
+    t0 = time.perf_counter()
+    expected = read_expected(pathlib.Path(case.path) / "truth.json")
+    bundle = reader.load(case.path)
+    if strip_hw:
+        bundle = without_hw(bundle)
+    t1 = time.perf_counter()
+    diag = analysis.diagnose(bundle)
+    t2 = time.perf_counter()
+    variant = " ".join(f"{k}{n}" for k, n in zip(("tp", "pp", "dp"), case.shape, strict=False))
+    label = (case.name, case.kind, variant)
+    return score(label, bundle, diag, expected, analysis_s=t2 - t1, prepare_s=t1 - t0)
+
+
+@dataclass(frozen=True)
+class Bin:
+    lo: float
+    hi: float
+    verdicts: int  # anomaly verdicts with lo <= confidence < hi (<= for the last bin)
+    right: int
+
+
+def reliability(outcomes: Iterable[Outcome]) -> list[Bin]:
+    """Anomaly verdicts per confidence bin of ``RELIABILITY_BINS``, and how many were right."""
+    verdicts = [o for o in outcomes if o.detected]
+    bins = []
+    for i, (lo, hi) in enumerate(RELIABILITY_BINS):
+        last = i == len(RELIABILITY_BINS) - 1
+        sel = [o for o in verdicts if lo <= o.confidence and (o.confidence < hi or last)]
+        bins.append(Bin(lo, hi, len(sel), sum(o.right for o in sel)))
+    return bins
+
+
+def brier(outcomes: Iterable[Outcome]) -> float | None:
+    """mean((confidence - right)^2) over the anomaly verdicts; None when there are none."""
+    errs = [(o.confidence - float(o.right)) ** 2 for o in outcomes if o.detected]
+    return statistics.fmean(errs) if errs else None
 
 
 def _pct(n: int, d: int) -> str:
@@ -108,94 +306,166 @@ def _q(values: list[float], q: float) -> str:
     return f"{values[min(len(values) - 1, int(q * len(values)))]:.2f}"
 
 
-def table(outcomes: list[Outcome]) -> str:
+def _counts(sel: Sequence[Outcome]) -> str:
+    """The detected | top-1 | right node | category cells."""
+    counts = [sum(getattr(o, f) for o in sel) for f in ("detected", "top1", "node_ok")]
+    counts.append(sum(o.category_ok for o in sel))
+    return " | ".join(_pct(c, len(sel)) for c in counts)
+
+
+def table(outcomes: list[Outcome], families: Sequence[str]) -> str:
+    """One row per family in ``families`` order (those with cases), then all faulty cases."""
     rows = [
-        "| fault | cases | detected | top-1 culprit | category | latency median s | "
-        "latency p90 s | analysis median s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fault | cases | detected | top-1 culprit | right node | category | "
+        "latency median s | latency p90 s | analysis median s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for fault in truth.FAULT_NAMES:
-        sel = [o for o in outcomes if o.case.fault == fault]
+    for family in families:
+        sel = [o for o in outcomes if o.family == family]
         if not sel:
             continue
-        lat = [o.latency_s for o in sel if o.latency_s is not None and o.detected]
-        ana = [o.analysis_s for o in sel]
-        if fault == "none":
+        ana = statistics.median(o.analysis_s for o in sel)
+        if not any(o.faulty for o in sel):
             alarms = sum(o.detected for o in sel)
             rows.append(
-                f"| none (false alarms) | {len(sel)} | {alarms} alarms | - | - | - | - |"
-                f" {statistics.median(ana):.2f} |"
+                f"| {family} (false alarms) | {len(sel)} | {alarms} alarms | - | - | - | - | - |"
+                f" {ana:.2f} |"
             )
             continue
+        lat = [o.latency_s for o in sel if o.latency_s is not None and o.detected]
         rows.append(
-            f"| {fault} | {len(sel)} | {_pct(sum(o.detected for o in sel), len(sel))} "
-            f"| {_pct(sum(o.top1 for o in sel), len(sel))} "
-            f"| {_pct(sum(o.category_ok for o in sel), len(sel))} "
-            f"| {_q(lat, 0.5)} | {_q(lat, 0.9)} | {statistics.median(ana):.2f} |"
+            f"| {family} | {len(sel)} | {_counts(sel)} "
+            f"| {_q(lat, 0.5)} | {_q(lat, 0.9)} | {ana:.2f} |"
         )
-    faulty = [o for o in outcomes if o.case.fault != "none"]
-    hang = [
-        o.latency_s
-        for o in faulty
-        if o.latency_s is not None and o.detected and truth.Fault.from_name(o.case.fault).value.hang
-    ]
+    faulty = [o for o in outcomes if o.faulty]
+    hang = [o.latency_s for o in faulty if o.latency_s is not None and o.detected and o.hang]
     rows.append(
-        f"| **all faults** | {len(faulty)} | "
-        f"{_pct(sum(o.detected for o in faulty), len(faulty))} | "
-        f"{_pct(sum(o.top1 for o in faulty), len(faulty))} | "
-        f"{_pct(sum(o.category_ok for o in faulty), len(faulty))} | "
+        f"| **all faults** | {len(faulty)} | {_counts(faulty)} | "
         f"hangs: {_q(hang, 0.5)} | hangs: {_q(hang, 0.9)} | |"
     )
     return "\n".join(rows)
 
 
-def by_size(outcomes: list[Outcome]) -> str:
+def by_size(outcomes: list[Outcome], variant: str) -> str:
     rows = [
-        "| ranks | algo | faulty cases | top-1 | category | fault-free cases | false alarms |",
-        "|---|---|---|---|---|---|---|",
+        f"| ranks | {variant} | faulty cases | top-1 | right node | category | "
+        "fault-free cases | false alarms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for ranks in sorted({o.case.ranks for o in outcomes}):
-        for algo in ("ring", "tree"):
-            sel = [o for o in outcomes if o.case.ranks == ranks and o.case.algo == algo]
-            f = [o for o in sel if o.case.fault != "none"]
-            h = [o for o in sel if o.case.fault == "none"]
-            rows.append(
-                f"| {ranks} | {algo} | {len(f)} | {_pct(sum(o.top1 for o in f), len(f))}"
-                f" | {_pct(sum(o.category_ok for o in f), len(f))} | {len(h)} | "
-                f"{sum(o.detected for o in h)} |"
-            )
+    for ranks, v in sorted({(o.ranks, o.variant) for o in outcomes}):
+        sel = [o for o in outcomes if o.ranks == ranks and o.variant == v]
+        f = [o for o in sel if o.faulty]
+        h = [o for o in sel if not o.faulty]
+        rows.append(
+            f"| {ranks} | {v} | {len(f)} | {_pct(sum(o.top1 for o in f), len(f))}"
+            f" | {_pct(sum(o.node_ok for o in f), len(f))}"
+            f" | {_pct(sum(o.category_ok for o in f), len(f))} | {len(h)} | "
+            f"{sum(o.detected for o in h)} |"
+        )
     return "\n".join(rows)
 
 
+def calibration(outcomes: list[Outcome]) -> str:
+    """The reliability table and the Brier score (module docstring)."""
+    rows = [
+        "| confidence | anomaly verdicts | right | share right |",
+        "|---|---|---|---|",
+    ]
+    for b in reliability(outcomes):
+        close = "]" if b.hi == RELIABILITY_BINS[-1][1] else ")"
+        rows.append(
+            f"| [{b.lo:.2f}, {b.hi:.2f}{close} | {b.verdicts} | {b.right} "
+            f"| {_pct(b.right, b.verdicts)} |"
+        )
+    score_ = brier(outcomes)
+    verdicts = sum(o.detected for o in outcomes)
+    healthy = [o for o in outcomes if not o.faulty]
+    faulty = [o for o in outcomes if o.faulty]
+    rows.append(
+        f"\nBrier score over the {verdicts} anomaly verdicts: "
+        + ("-" if score_ is None else f"{score_:.3f}")
+        + " (mean of (confidence - right)^2: 0 is exact, a constant 0.5 scores 0.25)\n"
+        f"fault-free cases that raised an anomaly: {sum(o.detected for o in healthy)} of "
+        f"{len(healthy)}; faulty cases with no verdict: "
+        f"{sum(not o.detected for o in faulty)} of {len(faulty)}"
+    )
+    return "\n".join(rows)
+
+
+def misdiagnosed(outcomes: list[Outcome]) -> list[str]:
+    """One line per case whose top-1 rank or category is wrong (a false alarm included)."""
+    lines = []
+    for o in outcomes:
+        if o.right:
+            continue
+        top = "no culprit" if o.top_rank is None else f"rank {o.top_rank}"
+        got = f"{o.category}, {top}, confidence {o.confidence:.2f}" if o.detected else "no anomaly"
+        shown = ", ".join(map(str, o.truth_culprits[:8]))
+        more = " ..." if len(o.truth_culprits) > 8 else ""
+        want = f"{o.truth_category}, ranks {shown}{more}" if o.faulty else "no anomaly"
+        lines.append(f"  {o.case} ({o.family}) -> {got}; truth: {want}")
+    return lines
+
+
+def _map(fn: Callable[[_In], _Out], items: Sequence[_In], jobs: int) -> list[_Out]:
+    if jobs <= 1:
+        return [fn(i) for i in items]
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(fn, items))
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small smoke sweep")
+    p.add_argument(
+        "--bundles",
+        default=None,
+        metavar="DIR",
+        help="score the bundles of DIR (index.json, DIR/CASE/{job.json,records.jsonl.gz,"
+        "truth.json}) instead of simulating",
+    )
+    p.add_argument("--strip-hw", action="store_true", help="drop hw records before analysis")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--json", default=None, help="write every case's outcome to this file")
     args = p.parse_args(argv)
-    cases = plan_cases(QUICK_PLAN if args.quick else FULL_PLAN)
+    if args.bundles and args.quick:
+        p.error("--quick plans simulated cases; --bundles scores DIR's cases")
     t0 = time.perf_counter()
-    # Large cases first so the pool does not end on one long straggler.
-    cases.sort(key=lambda c: -c.ranks)
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = list(pool.map(run_case, cases))
+    if args.bundles:
+        try:
+            found = bundle_cases(args.bundles)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
+        families = list(dict.fromkeys(c.kind for c in found))
+        run: Callable[[Any], Outcome] = functools.partial(run_bundle, strip_hw=args.strip_hw)
+        items: Sequence[Any] = found
+        source, variant = f"bundles in {args.bundles}", "shape"
+    else:
+        cases = plan_cases(QUICK_PLAN if args.quick else FULL_PLAN)
+        # Large cases first so the pool does not end on one long straggler.
+        cases.sort(key=lambda c: -c.ranks)
+        families = list(truth.FAULT_NAMES)
+        run, items = functools.partial(run_case, strip_hw=args.strip_hw), cases
+        source, variant = "collscope's simulator", "algo"
+    outcomes = _map(run, items, args.jobs)
     wall = time.perf_counter() - t0
-    wrong = [o for o in outcomes if not (o.top1 and o.category_ok)]
+    stripped = ", hw records stripped" if args.strip_hw else ""
     print(f"# collscope accuracy: {len(outcomes)} cases in {wall:.0f}s with {args.jobs} workers")
-    print(f"# command: {' '.join(sys.argv)}\n")
-    print(table(outcomes))
+    print(f"# source: {source}{stripped}")
+    shown = sys.argv[1:] if argv is None else argv
+    print(f"# command: {' '.join([sys.argv[0], *shown])}\n")
+    print(table(outcomes, families))
     print()
-    print(by_size(outcomes))
+    print(by_size(outcomes, variant))
+    print()
+    print(calibration(outcomes))
+    wrong = misdiagnosed(outcomes)
     if wrong:
-        print("\nmisdiagnosed cases (fault ranks algo seed -> category):")
-        for o in wrong:
-            print(
-                f"  {o.case.fault} {o.case.ranks} {o.case.algo} {o.case.seed} -> "
-                f"{o.category} detected={o.detected} top1={o.top1}"
-            )
+        print("\nmisdiagnosed cases (case (fault) -> category, top rank, confidence; truth):")
+        print("\n".join(wrong))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump([asdict(o) for o in outcomes], fh, indent=1)
+            json.dump([asdict(o) | {"right": o.right} for o in outcomes], fh, indent=1)
     return 0
 
 
