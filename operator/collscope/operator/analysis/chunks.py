@@ -94,7 +94,8 @@ def of_states(bundle: tables.Bundle, state_rows: npt.NDArray[np.intp]) -> FlowTa
     src = np.where(send, owner, peer)
     dst = np.where(send, peer, owner)
     ts = rep("ts")
-    mate = _pair(np.stack([comm, seq, channel, src, dst], axis=1), send, ts)
+    idle = f["idle_ns"].astype(np.int64)
+    mate = _pair(np.stack([comm, seq, channel, src, dst], axis=1), send, ts, idle)
     return FlowTable(
         owner=owner,
         comm=comm,
@@ -109,15 +110,23 @@ def of_states(bundle: tables.Bundle, state_rows: npt.NDArray[np.intp]) -> FlowTa
         posted=f["posted"].astype(np.int64),
         done=f["done"].astype(np.int64),
         consumed=f["consumed"].astype(np.int64),
-        idle=f["idle_ns"].astype(np.int64),
+        idle=idle,
         mate=mate,
     )
 
 
-def _pair(keys: I64, send: Bools, ts: I64) -> I64:
-    """Row of the other end of each flow (same comm, seq, channel, src, dst) sampled nearest in
-    time, or -1. A window holds many samples of one operation; a send must be judged against
-    what its receiver looked like at the same moment, not at the operation's last sample."""
+def _pair(keys: I64, send: Bools, ts: I64, idle: I64) -> I64:
+    """Row of the other end of each flow (same comm, seq, channel, src, dst) that shows it at
+    the same instant, the nearest in time such sample, or -1.
+
+    A window holds many samples of one operation; a send must be judged against what its
+    receiver looked like at that instant. A sample taken at or before it is the latest word;
+    one taken *after* it describes the instant only if that flow had not changed since
+    (``idle_ns`` >= the gap): a frozen flow looks the same at both times. Otherwise it shows a
+    later state: a receiver that entered the operation after the sender's sample had posted no
+    buffer then (in NCCL the sender's proxy waits for the receiver's credits, ProxyStep
+    ``SendPeerWait``), whatever its later sample shows. Times are on one clock
+    (``clocks.aligned``)."""
     mate = np.full(len(keys), -1, dtype=np.int64)
     if len(keys) == 0:
         return mate
@@ -133,15 +142,19 @@ def _pair(keys: I64, send: Bools, ts: I64) -> I64:
             continue
         o_comp = comp[o_rows]
         q = rows[mine]
-        pos = np.searchsorted(o_comp, comp[q])
+        # Two candidates each side of the instant (the nearest may fall in the same
+        # millisecond on the wrong side of it).
+        pos = np.searchsorted(o_comp, comp[q], side="right")
         best = np.full(len(q), -1, dtype=np.int64)
         gap = np.full(len(q), np.iinfo(np.int64).max, dtype=np.int64)
-        for cand in (pos - 1, pos):
+        for cand in (pos - 2, pos - 1, pos, pos + 1):
             ok = (cand >= 0) & (cand < len(o_rows))
             c = np.clip(cand, 0, len(o_rows) - 1)
             r = o_rows[c]
             ok &= inv[r] == inv[q]
-            d = np.abs(ts[r] - ts[q])
+            later = ts[r] - ts[q]
+            ok &= (later <= 0) | (idle[r] >= later)  # a later sample only if it was frozen
+            d = np.abs(later)
             better = ok & (d < gap)
             best = np.where(better, r, best)
             gap = np.where(better, d, gap)

@@ -118,7 +118,6 @@ def transfer(
     notes: list[str] = []
     tb = by_key(base, base.r_tmin)
     tw = by_key(win, win.r_tmin)
-    wk = key_of(win)
     for k, now in sorted(tw.items()):
         before = tb.get(k)
         if before is None or before <= 0:
@@ -126,8 +125,9 @@ def transfer(
         ratio = now / before
         if ratio < slowdown or now - before < min_excess_ns:
             continue
-        rids = np.flatnonzero(np.all(wk == np.asarray(k), axis=1))
-        mem = np.unique(win.rank[np.isin(win.rid, rids)])
+        # Every member of the communicator: a slowed round ends late, so at the instant judged
+        # some members have not completed it yet; they are on the same slow ring all the same.
+        mem = np.unique(np.concatenate([win.rank[win.comm == k[0]], base.rank[base.comm == k[0]]]))
         _add(out, ranks, mem, float(np.log2(ratio)))
         notes.append(
             f"comm #{k[0]}: transfer time (Tmin) {now / 1e6:.1f} ms vs "
@@ -175,8 +175,14 @@ def flows(
             q25[g] = backlog[order[a + (b - a) // 4]]
             size[g] = b - a
         hot = (size[inv] >= 3) & (backlog >= np.maximum(min_chunks, 2.0 * q25[inv] + 2.0))
+        # Both endpoints of a slow hop are suspects, but Mycroft Table 4 reads "not
+        # transmitted (ready > sent) while the receiver has buffers posted" as a *local*
+        # cause: the chunks queue in the sender's send queue, its NIC does not take them. The
+        # receiver of such a hop keeps half the weight (the same picture can come from a slow
+        # ingress; only the two NICs' counters settle it).
+        local = (v.not_transmitted & v.net_blocked)[snd][hot]
         _add(slow, ranks, ft.sender[snd][hot], 1.0)
-        _add(slow, ranks, ft.receiver[snd][hot], 1.0)
+        _add(slow, ranks, ft.receiver[snd][hot], np.where(local, 0.5, 1.0))
     host = np.zeros(len(ranks))
     stalled = ft.send & v.not_transmitted & v.net_blocked & (ft.idle >= host_stall_ns)
     # A receiver that has not noticed every chunk the sender delivered (its "arrived" behind

@@ -159,3 +159,80 @@ def test_verdict_of_a_sample_does_not_depend_on_later_samples() -> None:
     v = chunks.verdicts(ft)
     early_send = ft.send & (ft.ts == 2 * S)
     assert v.net_blocked[early_send].all() and not v.receiver_not_ready[early_send].any()
+
+
+def _late_receiver(receiver_ts: int, receiver_start: int) -> tables.Bundle:
+    """Hop 1 -> 2 of seq 2: at 2 s the sender holds ready chunks (ready > sent); the receiver's
+    only sample, at ``receiver_ts``, shows buffers posted (posted > done)."""
+    b = tables.BundleBuilder(models.Job(world_size=3))
+    b.add_state(
+        rank=1,
+        ts=2 * S,
+        comm="0xa",
+        seq=2,
+        op="AllReduce",
+        nbytes=T,
+        start=S,
+        flows=[_send(0, 2, 6, 2, 2)],
+    )
+    b.add_state(
+        rank=2,
+        ts=receiver_ts,
+        comm="0xa",
+        seq=2,
+        op="AllReduce",
+        nbytes=T,
+        start=receiver_start,
+        flows=[_recv(0, 1, 8, 2, 2)],
+    )
+    return b.build()
+
+
+def test_a_send_is_never_judged_by_a_receiver_sample_taken_after_it() -> None:
+    # The receiver entered 50 ms after the sender's sample: at the instant judged it had posted
+    # nothing (NCCL's sender proxy waits for its credits, ProxyStep SendPeerWait), so its later
+    # free buffers say nothing about why the sender held its chunks.
+    later = _late_receiver(2 * S + 50_000_000, 2 * S + 40_000_000)
+    ft = chunks.of_states(later, np.arange(len(later.states)))
+    v = chunks.verdicts(ft)
+    snd = int(np.flatnonzero(ft.send).item())
+    assert int(ft.mate[snd]) == -1
+    assert not v.net_blocked[snd] and not v.receiver_not_ready[snd]
+    # The same receiver sampled 30 ms before the sender's sample is what it looked like then.
+    earlier = _late_receiver(2 * S - 30_000_000, S)
+    ft = chunks.of_states(earlier, np.arange(len(earlier.states)))
+    snd = int(np.flatnonzero(ft.send).item())
+    assert int(ft.mate[snd]) == int(np.flatnonzero(~ft.send).item())
+    assert chunks.verdicts(ft).net_blocked[snd]
+
+
+def test_a_later_sample_of_a_frozen_receiver_still_shows_the_instant() -> None:
+    # The receiver's flow has not changed for 2 s when sampled 50 ms after the sender: it looked
+    # the same at the sender's instant (a hang's last samples, taken at different phases).
+    b = tables.BundleBuilder(models.Job(world_size=3))
+    b.add_state(
+        rank=1,
+        ts=2 * S,
+        comm="0xa",
+        seq=2,
+        op="AllReduce",
+        nbytes=T,
+        start=S,
+        flows=[_send(0, 2, 6, 2, 2)],
+    )
+    frozen = (0, 1, tables.RECV, T, -1, -1, 8, 2, 2, 2 * S)
+    b.add_state(
+        rank=2,
+        ts=2 * S + 50_000_000,
+        comm="0xa",
+        seq=2,
+        op="AllReduce",
+        nbytes=T,
+        start=S,
+        flows=[frozen],
+    )
+    bundle = b.build()
+    ft = chunks.of_states(bundle, np.arange(len(bundle.states)))
+    snd = int(np.flatnonzero(ft.send).item())
+    assert int(ft.mate[snd]) == int(np.flatnonzero(~ft.send).item())
+    assert chunks.verdicts(ft).net_blocked[snd]

@@ -219,3 +219,54 @@ def test_proxy_stall_of_the_receiver_is_charged_to_the_receiver() -> None:
         min_chunks=4.0,
     )
     assert fl.host.tolist() == [0.0, 0.0, 1.0]
+
+
+def test_transfer_slowdown_reaches_members_that_have_not_completed_the_round_yet() -> None:
+    # Comm 0xa = (0, 1, 2). In the window's last round only ranks 0 and 1 have completed (rank
+    # 2's end lies after the instant judged): a slowed ring is slow for all its members.
+    o = _Ops()
+    for k in range(BASE_ROUNDS + 1):
+        t = k * 100 * MS
+        d = (40 if k >= BASE_ROUNDS else 10) * MS
+        for r in (0, 1, 2):
+            if k >= BASE_ROUNDS and r == 2:
+                continue
+            o.add(r, "0xa", k, t, t + d)
+    win, base = o.split()
+    score, _ = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS)
+    assert score.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_slow_hop_not_transmitted_with_buffers_posted_weighs_on_the_sender() -> None:
+    # Ring 0 -> 1 -> 2 -> 3 -> 0. Hop 1 -> 2 holds 8 chunks sent-not-done and 6 ready-not-sent
+    # while rank 2 has buffers posted: Mycroft Table 4 "not transmitted, receiver ready" is a
+    # local (sender) cause; the receiver keeps half the weight.
+    b = tables.BundleBuilder(models.Job(world_size=4))
+    for r in range(4):
+        peer = (r + 1) % 4
+        snd = (
+            (0, peer, tables.SEND, 64, 30, 24, -1, 16, -1, 0)
+            if r == 1
+            else (0, peer, tables.SEND, 64, 20, 20, -1, 20, -1, 0)
+        )
+        rcv = (0, (r - 1) % 4, tables.RECV, 64, -1, -1, 24, 16, 16, 0)
+        b.add_state(
+            rank=r,
+            ts=S,
+            comm="0xa",
+            seq=1,
+            op="AllReduce",
+            nbytes=8,
+            start=S // 2,
+            flows=[snd, rcv],
+        )
+    bundle = b.build()
+    fl = signals.flows(
+        bundle,
+        np.arange(len(bundle.states)),
+        np.arange(4, dtype=np.int64),
+        interval_ns=100 * MS,
+        host_stall_ns=0.3 * S,
+        min_chunks=4.0,
+    )
+    assert fl.slow_path.tolist() == [0.0, 1.0, 0.5, 0.0]
