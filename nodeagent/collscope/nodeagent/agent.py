@@ -24,6 +24,7 @@ from collscope.nodeagent import (
     discovery,
     flightrecorder,
     hardware,
+    liveness,
     procs,
     sampler,
     server,
@@ -66,6 +67,7 @@ class Agent:
             stacks=stacks_dumper,
             flightrecorder=fr_dumper,
             host_pid=None if proc_root is None else functools.partial(_host_pid, proc_root),
+            probe=None if proc_root is None else liveness.ProcessProbe(proc_root),
             clock_ns=clock_ns,
         )
         # Live while the loop ticked within 20 periods (and at least 5 s: a GC pause or a

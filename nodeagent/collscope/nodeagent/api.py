@@ -5,7 +5,10 @@ unit in the name. Fields are added, never renamed or removed, within ``v1``; unk
 ignored when reading, so an older operator can read a newer agent. Bundle records on the wire
 (``/v1/window``) are docs/spec/bundle-v1.md lines, not models from this module, or, when the
 request's ``Accept`` names ``application/vnd.collscope.columns.v1``, the same records as column
-arrays (``bundle/columnar.py`` documents that layout).
+arrays (``bundle/columnar.py`` documents that layout) plus a ``liveness`` table: each requested
+rank's writer as seen now (``liveness.py``; the ``liveness.jsonl`` lines of the spec, which the
+JSON-lines form leaves out so that operators from before it still read it). ``/v1/export``
+writes them as the bundle's ``liveness.jsonl``.
 
 Endpoints (``server.py``)::
 

@@ -41,6 +41,12 @@ def host_pid(
     return own[0] if len(own) == 1 else None
 
 
+def nspid_chain(status: pathlib.Path) -> list[int]:
+    """A process's pid in each nested PID namespace, outermost first (``NSpid:`` of its
+    ``/proc/<pid>/status``); empty when unreadable."""
+    return _nspid(status)
+
+
 def _pids(proc_root: pathlib.Path) -> list[str]:
     try:
         return [e for e in os.listdir(proc_root) if e.isdigit()]

@@ -65,6 +65,7 @@ class Tracked:
     cursor: int = 0
     missed: int = 0
     last_sample_ns: int = 0
+    status_ns: int = 0  # when ``status`` was read (its heartbeat's age is measured from here)
     retired_ns: int | None = None
     failed_stat: tuple[int, int] | None = None
     comm_keys: frozenset[tuple[int, int, int]] = frozenset()
@@ -225,7 +226,8 @@ class Sampler:
             # needs it at the scale of stale_after_s, not of the sampling period.
             fresh = t.status is None or self.stats.ticks % STATUS_EVERY == 0
             status, copies, taken = r.live_copies(with_status=fresh)
-            t.status = status or t.status
+            if status is not None:
+                t.status, t.status_ns = status, taken
             assert t.status is not None
             t.health = _health(t.status, taken, self.config.stale_after_s)
             t.last_sample_ns = taken

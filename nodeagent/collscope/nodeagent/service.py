@@ -7,7 +7,9 @@ injected here (STYLE habit 10), so that tests pass fakes with the same interface
 - ``stacks``: ``collscope.nodeagent.stacks.dump`` (py-spy), called as ``stacks(pids, timeout_s)``;
 - ``flightrecorder``: a callable ``([(rank, pid), ...], timeout_s) -> FlightRecorderReport``
   (PyTorch's dump pipe; ``agent.fr_dumper`` adapts ``flightrecorder.trigger``); a request's
-  ``max_entries`` trims the report here (``flightrecorder.newest``).
+  ``max_entries`` trims the report here (``flightrecorder.newest``);
+- ``probe``: ``liveness.ProcessProbe`` (``/proc``), which says whether a ring's writer is
+  running, stopped or dead; without it every writer's process state is ``unknown``.
 
 Each may be None: the matching endpoint then answers 503 with ``errors.UnavailableError``.
 ``server.py`` maps this class to HTTP.
@@ -23,7 +25,15 @@ from typing import Any, Protocol, TypeVar
 
 import pydantic
 
-from collscope.nodeagent import api, errors, flightrecorder, sampler, summary, window
+from collscope.nodeagent import (
+    api,
+    errors,
+    flightrecorder,
+    liveness,
+    sampler,
+    summary,
+    window,
+)
 from collscope.nodeagent.bundle import columnar, models, tables, writer
 
 _NS = 1_000_000_000
@@ -55,6 +65,7 @@ class Service:
         stacks: Dumper | None = None,
         flightrecorder: RankDumper | None = None,
         host_pid: Callable[[int, str | None], int | None] | None = None,
+        probe: liveness.ProcessProbe | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.node = node
@@ -67,6 +78,7 @@ class Service:
         # (pid in its namespace, pod uid) -> host pid; None: the namespaces are the same.
         self._host_pid = host_pid
         self._pid_cache: dict[tuple[int, int, str | None], int | None] = {}
+        self.probe = probe
 
     # -- ranks and summaries --------------------------------------------------------------
     def ranks(self) -> api.RanksResponse:
@@ -157,8 +169,47 @@ class Service:
         if with_hw and self.hardware is not None:
             hw = self.hardware.window(since_ns or 0, until_ns or self.clock_ns())
         return self.window.bundle(
-            self.job(), ranks=ranks, since_ns=since_ns, until_ns=until_ns, hw=hw
+            self.job(),
+            ranks=ranks,
+            since_ns=since_ns,
+            until_ns=until_ns,
+            hw=hw,
+            liveness=self.liveness_of(ranks),
         )
+
+    def liveness_of(self, ranks: Sequence[int] | None) -> list[models.LivenessRecord]:
+        """The writer of each of ``ranks`` (None: all) as seen now: its ring's last heartbeat
+        and its process (``liveness``). One record per rank, from its newest ring (a rank
+        restarted in a new process has written a new ring)."""
+        newest: dict[int, sampler.Tracked] = {}
+        for r, rings in self._rank_rings().items():
+            if ranks is not None and r not in ranks:
+                continue
+            seen = [t for t in rings if t.status is not None and t.identity is not None]
+            if seen:
+                newest[r] = max(seen, key=lambda t: t.identity.init_ns if t.identity else 0)
+        out = []
+        for r, t in sorted(newest.items()):
+            assert t.status is not None and t.identity is not None
+            out.append(
+                liveness.record(
+                    r,
+                    t.status,
+                    observed_ns=t.status_ns or self.clock_ns(),
+                    process=self._process(t),
+                    finalized=t.health == "finalized",
+                )
+            )
+        return out
+
+    def _process(self, t: sampler.Tracked) -> liveness.ProcState:
+        i = t.identity
+        if self.probe is None or i is None:
+            return "unknown"
+        pid = self.host_pid(t)
+        if pid is None:
+            return "unknown"
+        return self.probe.state(pid, ns_pid=i.pid, ring_init_ns=i.init_ns)
 
     def export(self, since_ns: int | None, until_ns: int | None) -> bytes:
         """The window as a bundle-v1 ``.tar.gz`` (bytes), hardware samples included."""

@@ -180,9 +180,11 @@ class Window:
         since_ns: int | None = None,
         until_ns: int | None = None,
         hw: Iterable[models.HwRecord] = (),
+        liveness: Iterable[models.LivenessRecord] = (),
     ) -> tables.Bundle:
         """The records of ``ranks`` (None: all) with ``since <= ts <= until`` (None: open) as a
-        sorted ``Bundle``; comm records of those ranks whatever their time, as the reader does."""
+        sorted ``Bundle``; comm records of those ranks whatever their time, as the reader does.
+        ``liveness`` rows (the writers as seen now: not held in the window) go in as given."""
         lo = -1 if since_ns is None else since_ns
         hi = 2**63 - 1 if until_ns is None else until_ns
         with self._lock:
@@ -225,7 +227,24 @@ class Window:
             flows=flows,
             hw=hw_rows[np.lexsort((hw_rows["ts"], hw_rows["rank"]))],
             source="<agent window>",
+            liveness=_liveness_rows(liveness),
         )
+
+
+def _liveness_rows(records: Iterable[models.LivenessRecord]) -> tables.Table:
+    rows = np.array(
+        [
+            (
+                r.rank,
+                r.ts,
+                -1 if r.heartbeat is None else r.heartbeat,
+                tables.LIVENESS_STATES.index(r.state),
+            )
+            for r in records
+        ],
+        dtype=tables.LIVENESS_DTYPE,
+    )
+    return rows[np.lexsort((rows["ts"], rows["rank"]))]
 
 
 def _states(chunks: list[Chunk], lo: int, hi: int) -> tuple[tables.Table, tables.Table]:

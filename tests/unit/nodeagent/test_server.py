@@ -167,6 +167,11 @@ def test_window_in_columns_when_asked_holds_the_same_records(running: Running) -
     for name in ("comms", "ops", "states", "flows"):
         assert np.array_equal(getattr(got, name), getattr(want, name)), name
     assert got.comm_ids == want.comm_ids and got.strings == want.strings
+    # ... plus each rank's writer as seen now: this process, beating (the plugin's thread)
+    live = got.liveness
+    assert live["rank"].tolist() == [0, 1]
+    assert [tables.LIVENESS_STATES[s] for s in live["state"]] == ["running", "running"]
+    assert ((live["ts"] - live["heartbeat"]) < 2_000_000_000).all()
 
 
 COLUMNS_FIRST = f"{columnar.MEDIA_TYPE}, application/x-ndjson;q=0.5"
@@ -218,6 +223,7 @@ def test_export_reads_back_with_the_bundle_reader(running: Running, tmp_path: pa
         (1, "ml/train-1", 0),
     ]
     assert len(b.ops) == 3 and len(b.states) >= 3 and len(b.hw) >= 2
+    assert [(x.rank, x.state) for x in b.iter_liveness()] == [(0, "running"), (1, "running")]
     # The CLI does the same against the running agent.
     cli_out = tmp_path / "cli.tar.gz"
     assert cli.main(["export", "--agent", running.url, "--since=-60s", str(cli_out)]) == 0

@@ -20,7 +20,7 @@ anything else gets ``application/x-ndjson`` as before). Layout, all integers lit
      "strings": ["", "AllReduce", ...],     # names, indexed by op/dtype/algo/proto/name/...
      "tables": {"states": {"rows": 2, "columns": {"rank": {"dtype": "<i4", "offset": 0},
                                                   "ts": {"dtype": "<i8", "offset": 8}, ...}},
-                "comms": ..., "ops": ..., "flows": ..., "hw": ...}}
+                "comms": ..., "ops": ..., "flows": ..., "hw": ..., "liveness": ...}}
 
 Columns (``COLUMNS``) are those of the ``tables`` dtype of the same name, with one exception:
 ``states`` carries ``nflows`` (``<i8``, flows of the record) instead of ``flow_lo``/``flow_hi``,
@@ -28,9 +28,12 @@ and ``flows`` lists every state's flows in state order, so ``sum(nflows) == flow
 mean what the ``tables`` docstring says (-1: absent peer, kernel, unused flow count); every rule
 of docs/spec/bundle-v1.md holds (non-negative counts, ``ready >= sent >= done``, ``comm_rank <
 nranks``, ``end >= start``, ...). Unknown tables and columns are ignored (added, never renamed,
-within v1); ``hw`` may be absent (no rows); any other missing table or column, a dtype other
-than the one listed, a buffer outside the data, an index outside ``comm_ids``/``strings`` or a
-value the spec forbids is an error naming the field and row (``states[12].seq``).
+within v1); ``hw`` and ``liveness`` may be absent (no rows: an agent from before liveness
+sends none, an operator from before it ignores it); any other missing table or column, a
+dtype other than the one listed, a buffer outside the data, an index outside
+``comm_ids``/``strings`` or a value the spec forbids is an error naming the field and row
+(``states[12].seq``). ``liveness.state`` is a code into ``tables.LIVENESS_STATES`` (0
+``running`` ... 5 ``unreachable``), ``liveness.heartbeat`` -1 when unknown.
 
 ``decode`` distrusts its input (STYLE 11) and raises ``errors.BundleFormatError``; it accepts
 exactly the records that ``reader`` accepts as JSON lines, and ``BundleBuilder.add_tables`` of
@@ -84,6 +87,7 @@ COLUMNS: Final[dict[str, dict[str, np.dtype[Any]]]] = {
     },
     "flows": _wire(tables.FLOW_DTYPE),
     "hw": _wire(tables.HW_DTYPE),
+    "liveness": _wire(tables.LIVENESS_DTYPE),
 }
 _DTYPES: Final = {
     "comms": tables.COMM_DTYPE,
@@ -91,8 +95,9 @@ _DTYPES: Final = {
     "states": tables.STATE_DTYPE,
     "flows": tables.FLOW_DTYPE,
     "hw": tables.HW_DTYPE,
+    "liveness": tables.LIVENESS_DTYPE,
 }
-_OPTIONAL_TABLES: Final = frozenset({"hw"})
+_OPTIONAL_TABLES: Final = frozenset({"hw", "liveness"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +112,7 @@ class Part:
     states: tables.Table
     flows: tables.Table
     hw: tables.Table
+    liveness: tables.Table = dataclasses.field(default_factory=tables.no_liveness)
 
 
 # -- encoding ------------------------------------------------------------------------------
@@ -120,6 +126,7 @@ def encode(part: tables.Tables) -> bytes:
         "states": states,
         "flows": flows,
         "hw": part.hw,
+        "liveness": part.liveness,
     }
     buffers: list[bytes] = []
     size = 0
@@ -191,7 +198,10 @@ def decode(body: bytes, *, where: str) -> Part:
     check.ops(got["ops"])
     states, flows = check.states(got["states"], got["flows"])
     check.hw(got["hw"])
-    return Part(comm_ids, strings, got["comms"], got["ops"], states, flows, got["hw"])
+    check.liveness(got["liveness"])
+    return Part(
+        comm_ids, strings, got["comms"], got["ops"], states, flows, got["hw"], got["liveness"]
+    )
 
 
 def _texts(header: dict[str, Any], key: str, where: str) -> tuple[str, ...]:
@@ -356,6 +366,19 @@ class _Checker:
     def hw(self, t: tables.Table) -> None:
         self._min("hw", t, ("rank", "ts"))
         self._index("hw", t, ("node", "device", "metric"), "strings")
+
+    def liveness(self, t: tables.Table) -> None:
+        self._min("liveness", t, ("rank", "ts", "state"))
+        self._min("liveness", t, ("heartbeat",), -1)
+        n, code = len(tables.LIVENESS_STATES), t["state"]
+        self._require(
+            "liveness",
+            "state",
+            code < n,
+            lambda r: (
+                f"state code {code[r]} outside 0..{n - 1} ({', '.join(tables.LIVENESS_STATES)})"
+            ),
+        )
 
 
 def _error(where: str, reason: str, *, field: str | None = None) -> errors.BundleFormatError:

@@ -13,7 +13,7 @@ path for hot record types but must accept and reject exactly what these models a
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -198,6 +198,30 @@ class HwRecord(_Record):
     device: str
     metric: str
     value: float
+
+
+LivenessState = Literal["running", "stopped", "dead", "exited", "unknown", "unreachable"]
+LIVENESS_STATES: tuple[LivenessState, ...] = get_args(LivenessState)
+
+
+class LivenessRecord(_Model):
+    """One line of ``liveness.jsonl``: the process writing ``rank``'s ring as seen at ``ts``.
+
+    ``heartbeat``: the last beat of the plugin's heartbeat thread in the ring header (ns, None
+    when unknown); ``ts - heartbeat`` is how long the process has been silent. ``state``:
+    ``running`` (the process exists and is not stopped), ``stopped`` (SIGSTOP or a tracer:
+    ``T``/``t`` in ``/proc/<pid>/stat``), ``dead`` (gone, or a zombie, without having closed
+    its communicators), ``exited`` (gone after closing every communicator), ``unknown`` (the
+    agent cannot see the process), ``unreachable`` (written by the collector, not the agent:
+    the rank's node agent did not answer). Sample::
+
+        {"rank": 5, "ts": 1732001236000000000, "state": "dead", "heartbeat": 1732001234010000000}
+    """
+
+    rank: NonNeg32
+    ts: NonNeg
+    state: LivenessState
+    heartbeat: NonNeg | None = None
 
 
 Record = Annotated[CommRecord | OpRecord | StateRecord | HwRecord, Field(discriminator="type")]

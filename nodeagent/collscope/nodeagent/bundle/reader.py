@@ -36,6 +36,7 @@ JOB = "job.json"
 RECORDS = "records.jsonl"
 NET_FLOWS = "flows.jsonl"
 FUNCTIONS = "functions.jsonl"
+LIVENESS = "liveness.jsonl"
 
 # A state record with 10,000 flows is about 1.1 MB; a "line" 60 times longer is not a record but
 # a file without newlines, which must not be read into memory whole.
@@ -67,8 +68,9 @@ def load(
 
     Keeps a record when ``since_ns <= ts <= until_ns`` (ns, bounds inclusive, ``None`` = open)
     and its rank is in ``ranks`` (``None`` = all); ``comm`` records of the kept ranks are kept
-    whatever their time, since analysis needs communicator membership. Every line is validated,
-    kept or not. Raises ``errors.BundleFormatError`` for any defect.
+    whatever their time, since analysis needs communicator membership. ``liveness.jsonl[.gz]``,
+    when present, is read the same way (bundles without it have no liveness rows). Every line
+    is validated, kept or not. Raises ``errors.BundleFormatError`` for any defect.
     """
     label = os.fspath(path)
     keep = None if ranks is None else frozenset(ranks)
@@ -81,6 +83,10 @@ def load(
             raise _error(src.where(RECORDS), f"missing: a bundle needs {RECORDS} or {RECORDS}.gz")
         with contextlib.closing(_lines(src, name)) as lines:
             _add_records(builder, src.where(name), lines, keep=keep, lo=lo, hi=hi)
+        name = _find(src, LIVENESS)
+        if name is not None:
+            with contextlib.closing(_lines(src, name)) as lines:
+                _add_liveness(builder, src.where(name), lines, keep=keep, lo=lo, hi=hi)
     return builder.build()
 
 
@@ -126,6 +132,25 @@ def _add_records(
         if not lo <= rec.ts <= hi and rec.type != "comm":
             continue
         add(rec)
+
+
+def _add_liveness(
+    builder: tables.BundleBuilder,
+    where: str,
+    lines: Iterable[tuple[int, bytes]],
+    *,
+    keep: frozenset[int] | None,
+    lo: int,
+    hi: int,
+) -> None:
+    validate = models.LivenessRecord.model_validate_json
+    for lineno, raw in lines:
+        try:
+            rec = validate(raw)
+        except pydantic.ValidationError as e:
+            _raise_invalid(e, raw, where, lineno, record=False)
+        if (keep is None or rec.rank in keep) and lo <= rec.ts <= hi:
+            builder.add_liveness(rank=rec.rank, ts=rec.ts, state=rec.state, heartbeat=rec.heartbeat)
 
 
 def iter_net_flows(path: str | os.PathLike[str]) -> Iterator[models.NetFlow]:

@@ -15,6 +15,9 @@ Shapes (one row each):
   SEND (0) or RECV (1). Send rows use ``ready``/``sent``/``done``; recv rows use
   ``posted``/``done``/``consumed``; the unused columns hold -1.
 - ``hw``     HW_DTYPE: a ``hw`` record, names interned in ``strings``.
+- ``liveness`` LIVENESS_DTYPE: a line of ``liveness.jsonl`` (the writer process of a rank as
+  its node agent saw it); ``state`` indexes ``LIVENESS_STATES``, ``heartbeat`` is -1 when
+  unknown.
 
 ``BundleBuilder`` is the one way to make a ``Bundle``: the reader feeds it parsed lines, the
 simulator feeds it generated records. Both call the same ``add_*`` methods.
@@ -103,7 +106,23 @@ HW_DTYPE = np.dtype(
     ]
 )
 
+LIVENESS_DTYPE = np.dtype(
+    [
+        ("rank", "i4"),
+        ("ts", "i8"),
+        ("heartbeat", "i8"),
+        ("state", "i1"),
+    ]
+)
+# ``liveness.jsonl`` states, in the order of their codes in LIVENESS_DTYPE's ``state``.
+LIVENESS_STATES = models.LIVENESS_STATES
+
 Table = npt.NDArray[np.void]
+
+
+def no_liveness() -> Table:
+    """An empty liveness table (bundles written before ``liveness.jsonl`` existed)."""
+    return np.zeros(0, LIVENESS_DTYPE)
 
 
 class Tables(Protocol):
@@ -123,11 +142,17 @@ class Tables(Protocol):
     def flows(self) -> Table: ...
     @property
     def hw(self) -> Table: ...
+    @property
+    def liveness(self) -> Table: ...
 
 
 @dataclass(frozen=True)
 class Bundle:
-    """A whole (or windowed) trace bundle in columnar form. Immutable once built."""
+    """A whole (or windowed) trace bundle in columnar form. Immutable once built.
+
+    ``liveness`` comes last with a default: code that cuts or shifts tables and does not know
+    it makes a bundle without it, which analyses as a bundle of before ``liveness.jsonl``.
+    """
 
     job: models.Job
     comm_ids: tuple[str, ...]
@@ -138,6 +163,7 @@ class Bundle:
     flows: Table
     hw: Table
     source: str = "<memory>"
+    liveness: Table = field(default_factory=no_liveness)
 
     def comm_id(self, index: int) -> str:
         return self.comm_ids[index]
@@ -237,6 +263,17 @@ class Bundle:
                 device=s[h["device"]],
                 metric=s[h["metric"]],
                 value=float(h["value"]),
+            )
+
+    def iter_liveness(self) -> Iterator[models.LivenessRecord]:
+        """Every ``liveness.jsonl`` line as its model, in (rank, time) order (writer, tests)."""
+        for row in self.liveness:
+            beat = int(row["heartbeat"])
+            yield models.LivenessRecord(
+                rank=int(row["rank"]),
+                ts=int(row["ts"]),
+                state=LIVENESS_STATES[int(row["state"])],
+                heartbeat=None if beat < 0 else beat,
             )
 
 
@@ -397,6 +434,7 @@ class BundleBuilder:
         self._states = _Rows(STATE_DTYPE)
         self._flows = _Rows(FLOW_DTYPE)
         self._hw = _Rows(HW_DTYPE)
+        self._liveness = _Rows(LIVENESS_DTYPE)
 
     def add_comm(
         self,
@@ -483,6 +521,13 @@ class BundleBuilder:
     ) -> None:
         self._hw.append((rank, ts, self._str(node), self._str(device), self._str(metric), value))
 
+    def add_liveness(
+        self, *, rank: int, ts: int, state: models.LivenessState, heartbeat: int | None = None
+    ) -> None:
+        """One ``liveness.jsonl`` line (``heartbeat`` None: unknown)."""
+        code = LIVENESS_STATES.index(state)
+        self._liveness.append((rank, ts, -1 if heartbeat is None else heartbeat, code))
+
     def add_record(
         self, rec: models.CommRecord | models.OpRecord | models.StateRecord | models.HwRecord
     ) -> None:
@@ -566,6 +611,7 @@ class BundleBuilder:
         self._states.extend_array(states)
         self._flows.extend_array(flows)
         self._hw.extend_array(hw)
+        self._liveness.extend_array(part.liveness)
 
     def build(self) -> Bundle:
         """Sort every table by (rank, time) and return the immutable ``Bundle``."""
@@ -577,6 +623,7 @@ class BundleBuilder:
         if len(order) and not np.all(order[1:] > order[:-1]):
             states, flows = _reorder_states(states, flows, order)
         hw = _sorted(self._hw.array(), ("rank", "ts"))
+        liveness = _sorted(self._liveness.array(), ("rank", "ts"))
         return Bundle(
             job=self.job,
             comm_ids=tuple(self._comm.values),
@@ -587,6 +634,7 @@ class BundleBuilder:
             flows=flows,
             hw=hw,
             source=self.source,
+            liveness=liveness,
         )
 
 

@@ -6,6 +6,7 @@ Layout written::
       job.json                    Job.model_dump_json(by_alias=True, exclude_none=True)
       records.jsonl.gz            (records.jsonl with compress=False)
       flows.jsonl.gz              net_flows, when given (flows.jsonl with compress=False)
+      liveness.jsonl.gz           the bundle's liveness rows, when it has any
       truth.json ...              extra_files, verbatim
 
 ``records.jsonl`` holds comms, then ops, states and hw, each table in its (rank, time) order, one
@@ -46,6 +47,7 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 JOB = "job.json"
 RECORDS = "records.jsonl"
 NET_FLOWS = "flows.jsonl"
+LIVENESS = "liveness.jsonl"
 # zlib level on records.jsonl, measured on state records with 8 flows: level 6 (gzip's default)
 # shrinks 12.4x at ~120 MB/s, under half the time spent formatting; level 1 shrinks 9.4x at
 # ~300 MB/s (bundles 32% bigger, for bug reports too); level 9 13.1x at ~60 MB/s.
@@ -77,7 +79,9 @@ def write(
     never held whole) become ``flows.jsonl``, gzipped like the records.
     """
     target = pathlib.Path(out)
-    extras = _checked_extras(extra_files or {}, flows=net_flows is not None)
+    extras = _checked_extras(
+        extra_files or {}, flows=net_flows is not None, liveness=len(bundle.liveness) > 0
+    )
     job_text = _job_json(bundle.job)
     archive = target.name.endswith(ARCHIVE_SUFFIXES)
     check_target(target)
@@ -125,6 +129,8 @@ def _write_dir(
     names = [JOB, _write_lines(root, RECORDS, record_blocks(bundle), compress=compress)]
     if net_flows is not None:
         names.append(_write_lines(root, NET_FLOWS, net_flow_blocks(net_flows), compress=compress))
+    if len(bundle.liveness):
+        names.append(_write_lines(root, LIVENESS, liveness_blocks(bundle), compress=compress))
     for name, text in extras.items():
         (root / name).write_bytes(text.encode("utf-8"))  # verbatim: no newline translation
     return [*names, *extras]
@@ -166,6 +172,13 @@ def net_flow_blocks(flows: Iterable[models.NetFlow]) -> Iterator[str]:
         if len(lines) >= _BLOCK_ROWS:
             yield "".join(lines)
             lines = []
+    if lines:
+        yield "".join(lines)
+
+
+def liveness_blocks(bundle: tables.Bundle) -> Iterator[str]:
+    """``liveness.jsonl`` as one text block (a few lines per rank), ``heartbeat`` when known."""
+    lines = [rec.model_dump_json(exclude_none=True) + "\n" for rec in bundle.iter_liveness()]
     if lines:
         yield "".join(lines)
 
@@ -279,8 +292,12 @@ def _job_json(job: models.Job) -> str:
     return text
 
 
-def _checked_extras(extra_files: Mapping[str, str], *, flows: bool) -> dict[str, str]:
+def _checked_extras(
+    extra_files: Mapping[str, str], *, flows: bool, liveness: bool = False
+) -> dict[str, str]:
     reserved = {JOB, RECORDS, RECORDS + ".gz"}
+    if liveness:
+        reserved |= {LIVENESS, LIVENESS + ".gz"}
     if flows:  # without net_flows, a ready-made flows.jsonl may come as an extra file
         reserved |= {NET_FLOWS, NET_FLOWS + ".gz"}
     for name in extra_files:
