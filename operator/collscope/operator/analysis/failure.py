@@ -24,8 +24,10 @@ Input: the window (t - Δ, t] of every rank. Steps:
      (``hang.network``); a rank that delivered all it produced while data for it arrived and
      was not consumed (or its senders see "receiver not ready") has a stopped GPU
      (``hang.gpu``); otherwise MinData (least chunk progress, CCL-D "fewest SendCount/
-     RecvCount"). An origin without flows (intra-node only) can only be judged from kernel
-     progress: node precision, the node's ranks as culprits, least progress first.
+     RecvCount"). The NIC verdict (``nics``) also reads the stuck flows of every other
+     communicator through the same NICs, and says when two NICs cannot be told apart. An
+     origin without flows (intra-node only) can only be judged from kernel progress: node
+     precision, the node's ranks as culprits, least progress first.
 """
 
 from __future__ import annotations
@@ -338,7 +340,14 @@ def _classify(ctx: _Ctx, op: _Op, evidence: list[str]) -> Finding:
         )
     rows = np.asarray([op.rows[m] for m in op.entered], dtype=np.intp)
     verdict = hardware.judge(
-        ctx.b, ctx.now, rows, ctx.where, t_ns=ctx.t, members=ctx.members(c), comm_id=comm_id
+        ctx.b,
+        ctx.now,
+        rows,
+        ctx.where,
+        t_ns=ctx.t,
+        members=ctx.members(c),
+        comm_id=comm_id,
+        context=ctx.stuck_rows,  # a dead NIC stops its flows on every communicator
     )
     evidence.extend(verdict.evidence)
     return Finding(

@@ -3,10 +3,10 @@
 Reads the last state of each member for that trace id and applies the chunk table (``chunks``):
 
 1. Network: flows blocked at the network (not delivered, or not transmitted although the
-   receiver had buffers posted) implicate both endpoints; the rank that is an endpoint of the
-   most of them is the culprit (its NIC is the one thing those paths share). With one NIC down
-   in a ring, its rank is the endpoint of its own sends and of its predecessor's sends: twice
-   the count of any neighbour. ``hang.network``, component ``nic``.
+   receiver had buffers posted) implicate both endpoints' NICs; ``nics`` names the NIC that is
+   an endpoint of the most of them, counting the stuck flows of other communicators through
+   the same NICs too, and says when the flows cannot tell two NICs apart. ``hang.network``,
+   component ``nic``.
 2. GPU: a rank that delivered everything it produced (ready = sent = done on every send flow)
    while data for it arrived and sits unconsumed (done > consumed) or its senders find no free
    buffer (receiver not ready) has a GPU that stopped. ``hang.gpu``, component ``gpu``.
@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from collscope.nodeagent.bundle import tables
-from collscope.operator.analysis import chunks, diagnosis, hwsamples, inflight, placement
+from collscope.operator.analysis import chunks, diagnosis, inflight, nics, placement
 
 Cat = diagnosis.Category
 
@@ -50,51 +50,33 @@ def judge(
     t_ns: int,
     members: tuple[int, ...],
     comm_id: str,
+    context: npt.NDArray[np.intp] | None = None,
 ) -> Verdict:
-    """Verdict from the in-flight rows ``rows`` of ``now`` (one per entered member)."""
+    """Verdict from the in-flight rows ``rows`` of ``now`` (one per entered member);
+    ``context``: rows of ``now`` stuck in other operations, whose flows through the same NICs
+    are evidence of a network fault too."""
     ft = chunks.of_states(bundle, now.state_row[rows])
     ranks = np.asarray(sorted(int(r) for r in now.rank[rows]), dtype=np.int64)
     if len(ft) == 0:
         return _kernel_only(bundle, now, rows, where, comm_id)
     with_flows = len(np.unique(ft.owner)) / max(len(members), 1)
     v = chunks.verdicts(ft)
-    net = chunks.endpoint_counts(ranks, v.net_blocked, ft).astype(np.float64)
     progress = _progress(ft, ranks)
-    if net.max() > 0:
-        counts = net.copy()
-        down = hwsamples.nic_down(bundle, [int(r) for r in ranks[net > 0]])
-        if down:  # the port state settles what the paths alone cannot (two-rank paths)
-            net += np.array([float(int(r) in down) for r in ranks]) * float(net.max())
-        order = np.lexsort((ranks, progress, -net))
-        top = int(ranks[order[0]])
-        second = float(net[order[1]]) if len(order) > 1 else 0.0
-        margin = (float(net[order[0]]) - second) / float(net[order[0]])
-        blocked = int(v.net_blocked[ft.send].sum())
-        flow = _flow_of(ft, v.net_blocked, top)
-        ev = [
-            f"{int(counts[order[0]])} of {blocked} blocked network flows of this operation have "
-            f"{where.label(top)} as an endpoint"
-        ]
-        if top in down:
-            ev.append(
-                f"{down[top].device} of {where.label(top)} reports its link down in the node "
-                f"agent's last hardware sample"
-            )
-        ev += [_sentence(ft, flow, where, t_ns, top)] if flow is not None else []
-        culprits = [
-            _culprit(
-                where,
-                int(ranks[i]),
-                "nic",
-                score=net[i] / net.max(),
-                comm_id=comm_id,
-                ft=ft,
-                flow=_flow_of(ft, v.net_blocked, int(ranks[i])),
-            )
-            for i in order[:4]
-            if net[i] > 0
-        ]
-        return Verdict(Cat.HANG_NETWORK, culprits, ev, margin, with_flows)
+    if (v.net_blocked & ft.send).any():
+        moved = dict(zip(ranks.tolist(), progress.tolist(), strict=True))
+        b = _network(
+            bundle,
+            now,
+            rows,
+            context=context,
+            where=where,
+            ft=ft,
+            v=v,
+            progress=moved,
+            t_ns=t_ns,
+            comm_id=comm_id,
+        )
+        return Verdict(Cat.HANG_NETWORK, b.culprits, b.evidence, b.margin, with_flows)
     gpu = _gpu_scores(ft, v, ranks)
     if gpu.max() > 0:
         order = np.lexsort((ranks, progress, -gpu))
@@ -119,15 +101,7 @@ def judge(
                 f"flows find it not ready to receive: its GPU stopped"
             ]
         culprits = [
-            _culprit(
-                where,
-                int(ranks[i]),
-                "gpu",
-                score=gpu[i] / gpu.max(),
-                comm_id=comm_id,
-                ft=ft,
-                flow=None,
-            )
+            where.culprit(int(ranks[i]), component="gpu", score=gpu[i] / gpu.max(), comm=comm_id)
             for i in order[:4]
             if gpu[i] > 0
         ]
@@ -140,18 +114,50 @@ def judge(
         f"least chunk progress ({progress[order[0]]:.0%}): MinData"
     ]
     culprits = [
-        _culprit(
-            where,
-            int(ranks[i]),
-            "gpu",
-            score=1.0 - float(progress[i]),
-            comm_id=comm_id,
-            ft=ft,
-            flow=None,
-        )
+        where.culprit(int(ranks[i]), component="gpu", score=1.0 - float(progress[i]), comm=comm_id)
         for i in order[:4]
     ]
     return Verdict(Cat.HANG_GPU, culprits, ev, min(gap, 0.5), with_flows * 0.5)
+
+
+def _network(
+    bundle: tables.Bundle,
+    now: inflight.InFlight,
+    rows: npt.NDArray[np.intp],
+    *,
+    context: npt.NDArray[np.intp] | None,
+    where: placement.Placement,
+    ft: chunks.FlowTable,
+    v: chunks.Verdicts,
+    progress: dict[int, float],
+    t_ns: int,
+    comm_id: str,
+) -> nics.Blame:
+    """``nics.blame`` over this operation's flows and the stuck flows elsewhere that touch a
+    rank of a candidate NIC (an end of one of this operation's blocked flows)."""
+    blocked = v.net_blocked & ft.send
+    ends = np.concatenate([ft.sender[blocked], ft.receiver[blocked]]).tolist()
+    cand = {u for r in ends for u in where.nic_users(int(r))}
+    extra = np.zeros(0, dtype=np.intp)
+    if context is not None:
+        extra = nics.related(bundle, now, np.setdiff1d(context, rows), cand)
+    if len(extra) == 0:
+        origin = np.ones(len(ft), dtype=bool)
+        return nics.blame(
+            bundle, ft, v, origin, where, progress=progress, t_ns=t_ns, comm_id=comm_id
+        )
+    both = chunks.of_states(bundle, now.state_row[np.concatenate([rows, extra])])
+    origin = np.arange(len(both)) < len(ft)  # of_states keeps the order of its state rows
+    return nics.blame(
+        bundle,
+        both,
+        chunks.verdicts(both),
+        origin,
+        where,
+        progress=progress,
+        t_ns=t_ns,
+        comm_id=comm_id,
+    )
 
 
 def _progress(ft: chunks.FlowTable, ranks: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
@@ -192,54 +198,6 @@ def _starved(ft: chunks.FlowTable, r: int) -> int:
     waiting[has] = ft.posted[m[has]] > ft.done[m[has]]
     stopped = mine & ft.send & (ft.ready < ft.total) & waiting
     return int(stopped.sum())
-
-
-def _flow_of(ft: chunks.FlowTable, rows: npt.NDArray[np.bool_], rank: int) -> int | None:
-    """The culprit's most backlogged selected send flow, else one towards it."""
-    own = np.flatnonzero(rows & ft.send & (ft.owner == rank))
-    if len(own) == 0:
-        own = np.flatnonzero(rows & ft.send & (ft.peer == rank))
-    if len(own) == 0:
-        return None
-    return int(own[np.argmax((ft.ready - ft.done)[own])])
-
-
-def _sentence(
-    ft: chunks.FlowTable, i: int, where: placement.Placement, t_ns: int, culprit: int
-) -> str:
-    s, r = int(ft.sender[i]), int(ft.receiver[i])
-    text = (
-        f"{where.label(s)}: {ft.ready[i]} chunks ready, {ft.sent[i]} sent, {ft.done[i]} done "
-        f"of {ft.total[i]} on channel {ft.channel[i]} to rank {r} for "
-        f"{placement.seconds(int(ft.idle[i]) + t_ns - int(ft.ts[i]))}"
-    )
-    m = int(ft.mate[i])
-    if m >= 0:
-        text += f"; rank {r} posted {ft.posted[m]} receives, {ft.done[m]} arrived"
-    return text + f": the NIC path of rank {culprit} stopped delivering"
-
-
-def _culprit(
-    where: placement.Placement,
-    rank: int,
-    component: diagnosis.Component,
-    *,
-    score: float,
-    comm_id: str,
-    ft: chunks.FlowTable,
-    flow: int | None,
-) -> diagnosis.Culprit:
-    if flow is None:
-        return where.culprit(rank, component=component, score=score, comm=comm_id)
-    peer = int(ft.receiver[flow]) if int(ft.sender[flow]) == rank else int(ft.sender[flow])
-    return where.culprit(
-        rank,
-        component=component,
-        score=score,
-        comm=comm_id,
-        channel=int(ft.channel[flow]),
-        peer=peer,
-    )
 
 
 def _kernel_only(

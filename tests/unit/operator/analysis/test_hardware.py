@@ -36,14 +36,23 @@ def _judge(bundle: tables.Bundle, t_ns: int, comm: str = "0xa") -> hardware.Verd
 
 
 def test_network_verdict_from_the_ring(ring: Ring) -> None:
+    # Rank 2's NIC stopped: its own send (2 -> 3) and the send towards it (1 -> 2) are
+    # transmitted and never acknowledged; each neighbour has one stuck direction only.
     v = _judge(ring.build("network"), ring.end)
     assert v.category is Cat.HANG_NETWORK and v.precision == "rank"
-    top = v.culprits[0]
-    assert top.rank == 2 and top.component == "nic" and top.score == 1.0
-    assert top.channel == 0 and top.peer in (1, 3)
+    assert [(c.rank, c.component, c.score) for c in v.culprits] == [
+        (2, "nic", 1.0),
+        (1, "nic", 0.5),
+        (3, "nic", 0.5),
+    ]
+    assert v.culprits[0].channel == 0 and v.culprits[0].peer == 3  # its own blocked send
     assert v.margin == pytest.approx(0.5)  # 2 blocked hops against 1 for its neighbours
     assert v.coverage == 1.0
-    assert any("2 of 2 blocked network flows" in e for e in v.evidence)
+    assert v.evidence[0].startswith(
+        "2 of 2 blocked network flows have mlx5_0 on n1 (NIC of rank 2) as an endpoint "
+        "(1 sent from it, 1 sent to it)"
+    )
+    assert not any("cannot tell" in e for e in v.evidence)
 
 
 def test_gpu_verdict_from_the_ring(ring: Ring) -> None:
@@ -54,12 +63,15 @@ def test_gpu_verdict_from_the_ring(ring: Ring) -> None:
 
 
 class _Pair:
-    """Hand-built stuck operation of ranks on nodes n0 (0, 1, 2) and n1 (3)."""
+    """Hand-built stuck operation of ranks on nodes n0 (0, 1, 2) and n1 (3); rank r uses GPU r
+    and NIC mlx5_<r>."""
 
     def __init__(self) -> None:
         job = models.Job(
             world_size=4,
-            ranks=[models.RankInfo(rank=r, node="n0" if r < 3 else "n1", gpu=r) for r in range(4)],
+            ranks=[
+                models.RankInfo(rank=r, node=_node(r), gpu=r, nic=f"mlx5_{r}") for r in range(4)
+            ],
         )
         self.b = tables.BundleBuilder(job)
 
@@ -86,15 +98,13 @@ class _Pair:
                 kernel=kernel,
             )
 
-    def nic(self, rank: int, up: bool) -> None:
-        self.b.add_hw(
-            rank=rank,
-            ts=HANG,
-            node="n",
-            device=f"mlx5_{rank}",
-            metric="nic_link_up",
-            value=float(up),
-        )
+    def nic(self, node: str, device: str, up: bool) -> None:
+        """A ``nic_link_up`` sample as the agent writes it: by node and device, rank 0."""
+        self.b.add_hw(rank=0, ts=HANG, node=node, device=device, metric="nic_link_up", value=up)
+
+
+def _node(rank: int) -> str:
+    return "n0" if rank < 3 else "n1"
 
 
 def _send(peer: int, ready: int, sent: int, done: int) -> tables.FlowTuple:
@@ -105,22 +115,48 @@ def _recv(peer: int, posted: int, done: int, consumed: int) -> tables.FlowTuple:
     return (0, peer, tables.RECV, 16, -1, -1, posted, done, consumed, 0)
 
 
-@pytest.mark.parametrize("down", [None, 0, 3])
-def test_two_endpoint_path_is_settled_by_the_port_state(down: int | None) -> None:
+@pytest.mark.parametrize("down", [0, 3])
+def test_two_endpoint_path_is_settled_by_the_port_state(down: int) -> None:
     p = _Pair()
     p.state(0, [_send(3, 10, 10, 6)])  # 0 -> 3 sent, never acknowledged
     p.state(3, [_recv(0, 14, 6, 6)])
-    if down is not None:
-        p.nic(down, up=False)
-        p.nic(3 - down, up=True)
+    p.nic(_node(down), f"mlx5_{down}", up=False)
+    p.nic(_node(3 - down), f"mlx5_{3 - down}", up=True)
     v = _judge(p.b.build(), HANG + 2 * S)
     assert v.category is Cat.HANG_NETWORK
-    assert {c.rank for c in v.culprits} == {0, 3}
-    if down is None:
-        assert v.margin == 0.0  # the paths alone cannot tell the two ends apart
-    else:
-        assert v.culprits[0].rank == down and v.margin > 0.0
-        assert any("link down" in e and f"mlx5_{down}" in e for e in v.evidence)
+    assert [(c.rank, c.score) for c in v.culprits] == [(down, 1.0), (3 - down, 0.5)]
+    assert v.margin == 0.5
+    assert any(
+        f"last sample of mlx5_{down} on {_node(down)} reports its link down, which settles it" in e
+        for e in v.evidence
+    )
+
+
+def test_two_endpoint_path_without_port_state_names_both_and_what_settles_it() -> None:
+    # Every blocked flow runs between rank 0's NIC and rank 3's: from NCCL's side a dead NIC
+    # at either end looks the same (sent, never acknowledged; posted, never arrived).
+    p = _Pair()
+    p.state(0, [_send(3, 10, 10, 6)])
+    p.state(3, [_recv(0, 14, 6, 6)])
+    p.nic("n1", "mlx5_7", up=False)  # a spare NIC of rank 3's node, used by no rank: no evidence
+    v = _judge(p.b.build(), HANG + 2 * S)
+    assert v.category is Cat.HANG_NETWORK
+    assert [(c.rank, c.score) for c in v.culprits] == [(0, 1.0), (3, 1.0)]
+    assert v.margin == 0.0  # confidence = coverage x 0.5 at most
+    tie = [e for e in v.evidence if "cannot tell which NIC stopped" in e]
+    assert len(tie) == 1
+    assert "the link state of mlx5_0 on n0 and the link state of mlx5_3 on n1" in tie[0]
+    assert not any("mlx5_7" in e or "link down" in e for e in v.evidence)
+
+
+def test_port_state_is_joined_by_device_not_by_the_record_rank() -> None:
+    p = _Pair()
+    p.state(0, [_send(3, 10, 10, 6)])
+    p.state(3, [_recv(0, 14, 6, 6)])
+    # Written with rank 3 on the record, but the device is rank 0's NIC on rank 0's node.
+    p.b.add_hw(rank=3, ts=HANG, node="n0", device="mlx5_0", metric="nic_link_up", value=0.0)
+    v = _judge(p.b.build(), HANG + 2 * S)
+    assert [(c.rank, c.score) for c in v.culprits] == [(0, 1.0), (3, 0.5)]
 
 
 def test_pure_sender_that_stopped_producing_is_a_gpu_hang() -> None:

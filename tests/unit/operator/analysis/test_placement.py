@@ -47,6 +47,23 @@ def test_nodes_and_their_ranks() -> None:
     assert w.ranks_on("nowhere") == ()
 
 
+def test_nic_of_a_rank_and_the_ranks_sharing_it() -> None:
+    job = models.Job(
+        world_size=4,
+        ranks=[
+            models.RankInfo(rank=0, node="n0", nic="mlx5_0"),
+            models.RankInfo(rank=1, node="n0", nic="mlx5_0"),  # shares rank 0's NIC
+            models.RankInfo(rank=2, node="n1", nic="mlx5_0"),  # same name, another node
+            models.RankInfo(rank=3, node="n1"),  # NIC not named
+        ],
+    )
+    w = placement.Placement.of(job)
+    assert w.nic_of(0) == ("n0", "mlx5_0") and w.nic_of(3) is None and w.nic_of(9) is None
+    assert w.nic_users(1) == (0, 1)
+    assert w.nic_users(2) == (2,)
+    assert w.nic_users(3) == (3,)  # taken to have a NIC of its own
+
+
 def test_culprit_copies_placement_and_clamps_score() -> None:
     w = _where()
     c = w.culprit(0, component="nic", score=1.7, comm="0xa", channel=2, peer=3)

@@ -8,13 +8,16 @@ detection, category or culprit, not in a tuned number.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
 
 import pytest
 
+from collscope.nodeagent.bundle import tables
 from collscope.operator.analysis import diagnosis, engine, groups
+from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
-from collscope.operator.simulator import truth
 
 Sim16 = Callable[..., simulator.SimResult]
 
@@ -126,3 +129,68 @@ def test_sampling_a_victim_still_finds_the_culprit(sim16: Sim16) -> None:
     d = engine.diagnose(res.bundle, sampled=[victim])
     assert d.evidence[0].startswith(f"trigger (hang): rank {victim} ")
     assert d.category == "hang.gpu" and d.culprits[0].rank == culprit
+
+
+def _without_hw(b: tables.Bundle) -> tables.Bundle:
+    """The bundle as live windows carry it today: no hardware samples."""
+    return dataclasses.replace(b, hw=b.hw[:0])
+
+
+@pytest.mark.parametrize(("algo", "seed"), [("ring", 2), ("tree", 5)])
+def test_nic_down_on_a_two_rank_path_without_hw_names_both_ends(
+    sim16: Sim16, algo: str, seed: int
+) -> None:
+    # 16 ranks = tp 8 x dp 2: the culprit's only inter-node traffic is its 2-rank DP ring with
+    # one peer on the other node, so every blocked flow runs between the same two NICs and a
+    # dead NIC at either end looks the same. Both are named, equal, with the counter to read.
+    res = sim16("nic-down", algo, seed)
+    (culprit,) = res.truth.culprit_ranks
+    peer = (culprit + 8) % 16
+    d = engine.diagnose(_without_hw(res.bundle))
+    assert d.category == "hang.network"
+    assert sorted((c.rank, c.score) for c in d.culprits) == sorted([(culprit, 1.0), (peer, 1.0)])
+    assert d.confidence <= 0.5
+    nic = f"mlx5_{culprit % 8}"
+    assert any(
+        "cannot tell which NIC stopped" in e
+        and f"the link state of {nic} on gpu-node-00 and the link state of {nic} on gpu-node-01"
+        in e
+        for e in d.evidence
+    )
+    with_hw = engine.diagnose(res.bundle)  # the simulated agent saw the port go down
+    assert [(c.rank, c.score) for c in with_hw.culprits] == [(culprit, 1.0), (peer, 0.5)]
+
+
+@functools.lru_cache(maxsize=4)
+def _sim32(algo: config.Algo, seed: int) -> simulator.SimResult:
+    # tp 8 x dp 4 on four nodes: every DP ring hop is inter-node. 8 s with onset at 4 s, as
+    # sim16 (conftest) does.
+    return simulator.simulate(
+        config.SimConfig(
+            ranks=32,
+            tp=8,
+            pp=1,
+            dp=4,
+            duration_s=8.0,
+            onset_s=4.0,
+            algo=algo,
+            dp_mode="allreduce" if algo == "tree" else "rs-ag",
+            fault=truth.Fault.NIC_DOWN,
+            seed=seed,
+        )
+    )
+
+
+@pytest.mark.parametrize(("algo", "seed"), [("ring", 0), ("tree", 1)])
+def test_nic_down_in_a_dp_group_over_four_nodes_is_found_without_hw(
+    algo: config.Algo, seed: int
+) -> None:
+    # The dead NIC carries two blocked hops of the DP operation (what it sends and what is sent
+    # to it), each neighbour's NIC one: the collective evidence alone names it.
+    res = _sim32(algo, seed)
+    (culprit,) = res.truth.culprit_ranks
+    d = engine.diagnose(_without_hw(res.bundle))
+    assert d.category == "hang.network"
+    assert d.culprits[0].rank == culprit and d.culprits[0].component == "nic"
+    assert all(c.score < 1.0 for c in d.culprits[1:])
+    assert not any("cannot tell" in e for e in d.evidence)
