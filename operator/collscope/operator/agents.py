@@ -249,6 +249,9 @@ async def pull_window(
     bundle-v1, is listed in the second value; the bundle holds what the others sent (analysis
     works with partial coverage). Nodes are added in name order, so the tables are those
     ``reader.load_lines`` makes of the same records, whichever form each agent answered in.
+    The ranks asked of a node without a client or whose agent did not answer get a liveness
+    row ``unreachable`` at ``until_ns`` (docs/spec/bundle-v1.md ``liveness.jsonl``): analysis
+    tells a lost node from a silent rank by it (``analysis.liveness``).
     """
     calls = {
         node: clients[node].window(ranks, since_ns=since_ns, until_ns=until_ns)
@@ -260,8 +263,11 @@ async def pull_window(
         Unreachable(n, "no agent known on this node") for n in ranks_by_node if n not in clients
     ]
     answers = {node: (clients[node].base_url + "/v1/window", got[node]) for node in sorted(got)}
+    lost = [
+        (r, until_ns) for f in failed for r in ranks_by_node.get(f.node, ()) if f.node not in got
+    ]
     try:
-        return _merge(job, answers), failed
+        return _merge(job, answers, lost), failed
     except agent_errors.BundleError:
         # Rare: find the agents whose lines are not bundle-v1 (one parse each), report them
         # like unreachable ones and keep the others' records.
@@ -273,17 +279,22 @@ async def pull_window(
             except agent_errors.BundleError as e:
                 failed.append(Unreachable(node, f"its /v1/window is not bundle-v1: {e}"))
                 del answers[node]
-        return _merge(job, answers), failed
+        return _merge(job, answers, lost), failed
 
 
 def _merge(
-    job: models.Job, answers: Mapping[str, tuple[str, columnar.Part | list[bytes]]]
+    job: models.Job,
+    answers: Mapping[str, tuple[str, columnar.Part | list[bytes]]],
+    unreachable: Sequence[tuple[int, int]] = (),
 ) -> tables.Bundle:
-    """One Bundle of the nodes' answers (``where`` names an answer in errors)."""
+    """One Bundle of the nodes' answers (``where`` names an answer in errors), plus an
+    ``unreachable`` liveness row for each (rank, ts) of ``unreachable``."""
     builder = tables.BundleBuilder(job, source="agents")
     for where, answer in answers.values():
         if isinstance(answer, columnar.Part):
             builder.add_tables(answer)
         else:
             reader.add_lines(builder, where, answer)
+    for rank, ts in unreachable:
+        builder.add_liveness(rank=rank, ts=ts, state="unreachable")
     return builder.build()

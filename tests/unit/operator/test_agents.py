@@ -195,6 +195,40 @@ def test_pull_window_reports_agents_whose_lines_are_not_bundle_v1() -> None:
     )
 
 
+def test_pull_window_marks_the_ranks_of_unreachable_agents() -> None:
+    """Ranks asked of an agent that did not answer (or of a node without one) get a liveness
+    row ``unreachable`` at the window's end; an agent that answered badly is not unreachable."""
+
+    def good(req: httpx.Request) -> httpx.Response:
+        rec = {"type": "comm", "rank": 0, "ts": T0, "comm": "0x1f", "comm_rank": 0,
+               "nranks": 2, "nnodes": 2, "name": "dp"}  # fmt: skip
+        return httpx.Response(200, content=json.dumps(rec).encode() + b"\n")
+
+    def down(req: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=req)
+
+    def bad(req: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b'{"type": "op", "rank": 6}\n')
+
+    job = models.Job.model_validate({"schema": "collscope.bundle/v1", "job": "j", "world_size": 8})
+    clients = {"n0": client(good), "n1": client(down, retries=0), "n2": client(bad)}
+    bundle, failed = asyncio.run(
+        agents.pull_window(
+            clients,
+            {"n0": [0], "n1": [2, 3], "n2": [6], "n9": [5]},
+            job,
+            since_ns=T0,
+            until_ns=T0 + 7,
+        )
+    )
+    assert sorted(f.node for f in failed) == ["n1", "n2", "n9"]
+    assert [(r.rank, r.ts, r.state, r.heartbeat) for r in bundle.iter_liveness()] == [
+        (2, T0 + 7, "unreachable", None),
+        (3, T0 + 7, "unreachable", None),
+        (5, T0 + 7, "unreachable", None),
+    ]
+
+
 # -- the columnar window -----------------------------------------------------------------------
 def node_lines(rank: int) -> list[bytes]:
     """Records of one rank: its comm, an op and a state with a send and a recv flow."""

@@ -76,6 +76,24 @@ class Category(enum.Enum):
         "the network delivered all it was given but the culprit's GPU stopped",
         "check the culprit GPU (XID events, ECC); cordon the node",
     )
+    HANG_PROCESS = CategoryInfo(
+        "hang.process",
+        "hang",
+        "host",
+        False,
+        "the culprit's training process died or froze (its heartbeat stopped) and its peers wait",
+        "restart the job; find why the process stopped (exit status, OOM killer, a debugger); "
+        "its node is not at fault unless its GPU reported a hardware error",
+    )
+    HANG_NODE = CategoryInfo(
+        "hang.node",
+        "hang",
+        "host",
+        False,
+        "every rank of the culprit node fell silent and its node agent is unreachable",
+        "check the node (Kubernetes Ready condition, power, kernel, network) and restart the "
+        "job elsewhere; collscope does not cordon on it",
+    )
     SLOW_COMPUTE = CategoryInfo(
         "slow.compute",
         "slow",

@@ -29,6 +29,7 @@ from collscope.operator.analysis import (
     groups,
     hwsamples,
     inflight,
+    liveness,
     placement,
     straggler,
     trigger,
@@ -64,6 +65,7 @@ def diagnose(
         return diagnosis.Diagnosis(anomaly=False, evidence=["the bundle holds no records"])
     grp = groups.build(bundle)
     where = placement.Placement.of(bundle.job)
+    observed = bundle  # with its liveness rows, which the cuts below leave out
     watch = (
         tuple(sorted(sampled))
         if sampled is not None
@@ -91,7 +93,10 @@ def diagnose(
                 f"slowdown ratio alarm held {settings.trigger.repeat_ticks} ticks in a row"
             ],
         )
-    return _root_cause(bundle, hit, grp=grp, where=where, settings=settings, interval=interval)
+    return _root_cause(
+        bundle, hit, grp=grp, where=where, settings=settings, interval=interval,
+        observed=observed,
+    )  # fmt: skip
 
 
 def _root_cause(
@@ -102,6 +107,7 @@ def _root_cause(
     where: placement.Placement,
     settings: AnalysisSettings,
     interval: int,
+    observed: tables.Bundle | None = None,
 ) -> diagnosis.Diagnosis:
     t = hit.tick_ns
     finding: failure.Finding | None
@@ -111,7 +117,8 @@ def _root_cause(
         )
         window = view.select(bundle, since_ns=since, until_ns=t)
         hint = None if hit.comm is None or hit.seq is None else (hit.comm, hit.seq)
-        finding = failure.analyze(
+        # A dead, frozen or lost rank first (``liveness``): its peers' traces look like H3.
+        finding = liveness.analyze(observed or bundle, hit, where=where) or failure.analyze(
             window,
             t,
             grp=grp,

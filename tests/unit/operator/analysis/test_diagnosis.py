@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import pathlib
+import re
 
 import pydantic
 import pytest
@@ -26,6 +28,8 @@ SPEC_CATEGORIES = {
     "hang.inconsistent": "hang",
     "hang.network": "hang",
     "hang.gpu": "hang",
+    "hang.process": "hang",
+    "hang.node": "hang",
     "slow.compute": "slow",
     "slow.network": "slow",
     "slow.mixed": "slow",
@@ -124,6 +128,12 @@ def test_categories_are_the_spec_table() -> None:
         assert info.trigger == SPEC_CATEGORIES[info.name]
         assert info.name.startswith(info.trigger + ".")
         assert info.meaning and info.action
+
+
+def test_the_spec_document_lists_every_category() -> None:
+    spec = pathlib.Path(__file__).resolve().parents[4] / "docs" / "spec" / "bundle-v1.md"
+    listed = re.findall(r"^\| `((?:hang|slow)\.\w+)` \|", spec.read_text(), re.MULTILINE)
+    assert listed == list(diagnosis.CATEGORY_NAMES)
 
 
 @pytest.mark.parametrize("cat", list(diagnosis.Category))
