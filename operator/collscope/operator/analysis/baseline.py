@@ -9,10 +9,23 @@ Three baselines, each from a paper:
   jobs from hair-trigger alarms.
 - ``Tbase`` per (comm, op, bytes) (CCL-D §4.2.1 eq. 1): mean of the per-round maximum duration
   over the first ``m`` rounds, ``m = min(m_max, rounds in the first span)``. CCL-D's span is
-  two minutes; ours is a setting because simulated runs last seconds. Until learned there is
-  no slowdown ratio (no configured initial baseline by default).
+  two minutes; ours is a setting because simulated runs last seconds. ``m`` is at least
+  ``base_min_rounds`` whatever the span: a round's maximum duration includes the arrival
+  spread of its members, an extreme value that varies from round to round; averaged over one
+  or two rounds of a job with multi-second iterations it can be several times too small, and
+  θ ≈ 3 is then crossed by ordinary jitter. Until learned there is no slowdown ratio (no
+  configured initial baseline by default).
 - normal throughput and operation interval per sampled rank (Mycroft Algorithm 1 line 9):
   medians of the values seen on recent ticks where nothing looked wrong.
+- the job's iteration period: the median gap between consecutive completions of one rank of
+  the same (comm, op, bytes), the largest over keys with ``min_gaps`` gaps seen (barriers
+  excluded: a checkpoint barrier every N iterations is not the step). The operation done once
+  per step (the DP gradient ReduceScatter) has the longest regular gap, which is the step;
+  keying by op and size keeps a ReduceScatter/AllGather pair on one communicator, seconds
+  and microseconds apart, from halving it. Windows that
+  must hold whole iterations (Algorithm 1's Δ, a slowdown's baseline) are sized from it: a
+  job with 10 s steps completes nothing for seconds at a time, and a 2 s window measures the
+  phase of its step, not its speed.
 
 Everything is fed only with records at or before the current tick (the trigger is causal).
 """
@@ -39,10 +52,19 @@ class Baselines:
     """Mutable learner; one per trigger evaluator."""
 
     def __init__(
-        self, *, history: int, base_rounds: int, base_span_ns: int, normal_history: int
+        self,
+        *,
+        history: int,
+        base_rounds: int,
+        base_span_ns: int,
+        normal_history: int,
+        base_min_rounds: int = 1,
+        barrier_max_bytes: int = 4,
     ) -> None:
+        self._barrier_max_bytes = barrier_max_bytes
         self._history = history
         self._base_rounds = base_rounds
+        self._base_min_rounds = base_min_rounds
         self._base_span_ns = base_span_ns
         self._normal_history = normal_history
         self._durations: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=history))
@@ -53,6 +75,8 @@ class Baselines:
         self._interval: dict[tuple[int, int], deque[float]] = defaultdict(
             lambda: deque(maxlen=normal_history)
         )
+        self._last_end: dict[tuple[int, int, int, int], int] = {}  # (rank, *Key) -> end
+        self._gaps: dict[Key, deque[int]] = defaultdict(lambda: deque(maxlen=history))
 
     # -- learning from completions ------------------------------------------------------------
     def learn_ops(self, done: np.ndarray) -> None:
@@ -63,7 +87,8 @@ class Baselines:
         comm, op, nbytes = done["comm"], done["op"], done["bytes"]
         seq, start, end = done["seq"], done["start"], done["end"]
         dur = (end - start).tolist()
-        for c, o, b, s, d, e in zip(
+        for r, c, o, b, s, d, e in zip(
+            done["rank"].tolist(),
             comm.tolist(),
             op.tolist(),
             nbytes.tolist(),
@@ -73,13 +98,22 @@ class Baselines:
             strict=True,
         ):
             self._durations[c].append(d)
+            if b > self._barrier_max_bytes:
+                prev = self._last_end.get((r, c, o, b))
+                if prev is not None and e > prev:
+                    self._gaps[(c, o, b)].append(e - prev)
+                self._last_end[(r, c, o, b)] = e
             key = (c, o, b)
             kb = self._keys.get(key)
             if kb is None:
                 kb = self._keys[key] = _KeyBase(first_end=e)
             if kb.tbase_ns is not None:
                 continue
-            if e - kb.first_end > self._base_span_ns and kb.round_max and s not in kb.round_max:
+            if (
+                e - kb.first_end > self._base_span_ns
+                and len(kb.round_max) >= self._base_min_rounds
+                and s not in kb.round_max
+            ):
                 self._freeze(kb)
                 continue
             kb.round_max[s] = max(kb.round_max.get(s, 0), d)
@@ -103,6 +137,12 @@ class Baselines:
         """Median recent duration of the communicator's operations (rare stalls do not move it)."""
         d = self._durations.get(comm)
         return int(np.median(np.fromiter(d, dtype=np.int64))) if d else None
+
+    def period_ns(self, min_gaps: int = 5) -> int | None:
+        """The iteration period learned so far (see module docstring); None until known."""
+        meds = [float(np.median(np.fromiter(g, dtype=np.int64))) for g in self._gaps.values()]
+        meds = [m for m, g in zip(meds, self._gaps.values(), strict=True) if len(g) >= min_gaps]
+        return int(max(meds)) if meds else None
 
     def tbase_ns(self, key: Key) -> float | None:
         kb = self._keys.get(key)

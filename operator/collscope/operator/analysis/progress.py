@@ -50,3 +50,40 @@ def moving(bundle: tables.Bundle, ranks: list[int], *, since_ns: int, t_ns: int)
         last_move = st["ts"][m].astype(np.int64) - idle
         out |= {int(r) for r in st["rank"][m][last_move > mid].tolist()}
     return out
+
+
+def within_usual_gaps(
+    bundle: tables.Bundle, ranks: list[int], *, t_ns: int, k: float, min_gaps: int = 5
+) -> set[int]:
+    """Those of ``ranks`` whose silence at ``t`` is not longer than ``k`` times their usual
+    longest time outside operations (p99 of the gaps between an op's end and the rank's next
+    op start, from completions before t).
+
+    A rank outside every operation is either computing or stuck before its next collective;
+    one instant cannot tell them apart (Mycroft Table 3's "not entered"), but a duration can:
+    a step's compute phase of 5 s leaves its rank silent 5 s every step, so silence counts as
+    stuck only past ``k`` times what the rank's own compute phases take (``k`` is the trigger's
+    ``hang_k``, the same margin the stall threshold keeps over normal durations). Ranks with
+    fewer than ``min_gaps`` gaps seen are never excused.
+    """
+    out: set[int] = set()
+    ops = bundle.ops
+    for r in sorted(set(ranks)):
+        mine = ops[(ops["rank"] == r) & (ops["ts"] <= t_ns)]
+        if len(mine) <= min_gaps:
+            continue
+        mine = mine[np.argsort(mine["start"], kind="stable")]
+        end_so_far = np.maximum.accumulate(mine["end"].astype(np.int64))
+        gaps = mine["start"][1:].astype(np.int64) - end_so_far[:-1]
+        gaps = gaps[gaps > 0]
+        if len(gaps) < min_gaps:
+            continue
+        usual = float(np.percentile(gaps, 99))
+        seen = [int(end_so_far[-1])]
+        st = bundle.states
+        mst = st["ts"][(st["rank"] == r) & (st["ts"] <= t_ns)]
+        if len(mst):
+            seen.append(int(mst.max()))
+        if t_ns - max(seen) <= k * usual:
+            out.add(r)
+    return out

@@ -44,12 +44,16 @@ def key_of(r: rounds.Rounds) -> I64:
     return np.stack([r.r_comm, r.r_op, r.r_bytes], axis=1)
 
 
-def by_key(r: rounds.Rounds, values: I64) -> dict[Key, float]:
-    """Median of a per-round value for each (comm, op, bytes)."""
+def by_key(
+    r: rounds.Rounds, values: I64, keep: npt.NDArray[np.bool_] | None = None
+) -> dict[Key, float]:
+    """Median of a per-round value for each (comm, op, bytes), over the rounds ``keep`` says."""
     out: dict[Key, float] = {}
-    if len(r) == 0:
-        return out
     k = key_of(r)
+    if keep is not None:
+        k, values = k[keep], values[keep]
+    if len(k) == 0:
+        return out
     _, first, inv = np.unique(k, axis=0, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     for g, f in enumerate(first.tolist()):
@@ -116,8 +120,12 @@ def transfer(
     """log2 transfer slowdown summed over each rank's slowed communicators, and notes."""
     out = np.zeros(len(ranks))
     notes: list[str] = []
-    tb = by_key(base, base.r_tmin)
-    tw = by_key(win, win.r_tmin)
+    # Only rounds every member completed: a round cut by the window's edge lacks its last
+    # arriver, and the shortest duration left is a wait, not the transfer.
+    in_base, in_win = _members(base), _members(win)
+    size = {k: max(in_base.get(k, 0), in_win.get(k, 0)) for k in {**in_base, **in_win}}
+    tb = by_key(base, base.r_tmin, _complete(base, size))
+    tw = by_key(win, win.r_tmin, _complete(win, size))
     for k, now in sorted(tw.items()):
         before = tb.get(k)
         if before is None or before <= 0:
@@ -134,6 +142,23 @@ def transfer(
             f"{before / 1e6:.1f} ms before ({ratio:.1f}x)"
         )
     return out, notes
+
+
+def _members(r: rounds.Rounds) -> dict[Key, int]:
+    """Most members seen in one round of each (comm, op, bytes)."""
+    out: dict[Key, int] = {}
+    for key, n in zip(map(tuple, key_of(r).tolist()), r.r_n.tolist(), strict=True):
+        k = (int(key[0]), int(key[1]), int(key[2]))
+        out[k] = max(out.get(k, 0), int(n))
+    return out
+
+
+def _complete(r: rounds.Rounds, size: dict[Key, int]) -> npt.NDArray[np.bool_]:
+    keys = key_of(r).tolist()
+    n = r.r_n.tolist()
+    return np.asarray(
+        [m >= size.get((k[0], k[1], k[2]), 0) for k, m in zip(keys, n, strict=True)], dtype=bool
+    )
 
 
 @dataclass(frozen=True)

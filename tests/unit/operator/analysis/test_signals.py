@@ -221,20 +221,25 @@ def test_proxy_stall_of_the_receiver_is_charged_to_the_receiver() -> None:
     assert fl.host.tolist() == [0.0, 0.0, 1.0]
 
 
-def test_transfer_slowdown_reaches_members_that_have_not_completed_the_round_yet() -> None:
-    # Comm 0xa = (0, 1, 2). In the window's last round only ranks 0 and 1 have completed (rank
-    # 2's end lies after the instant judged): a slowed ring is slow for all its members.
+def test_transfer_is_read_from_complete_rounds_and_charged_to_every_member() -> None:
+    # Comm 0xa = (0, 1, 2); every op took 10 ms, then 40 ms (rounds 10 and 11). Round 12 is cut
+    # by the instant judged: ranks 0 and 1 completed it after waiting 300 ms, rank 2 (the last
+    # arriver, whose duration is the transfer) has not yet. That round says nothing about the
+    # transfer; the slowed ring is charged to all three members.
     o = _Ops()
-    for k in range(BASE_ROUNDS + 1):
+    for k in range(BASE_ROUNDS + 3):
         t = k * 100 * MS
         d = (40 if k >= BASE_ROUNDS else 10) * MS
         for r in (0, 1, 2):
-            if k >= BASE_ROUNDS and r == 2:
+            if k == BASE_ROUNDS + 2:
+                if r < 2:
+                    o.add(r, "0xa", k, t, t + 300 * MS)
                 continue
             o.add(r, "0xa", k, t, t + d)
     win, base = o.split()
-    score, _ = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS)
+    score, notes = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS)
     assert score.tolist() == [2.0, 2.0, 2.0]
+    assert notes == ["comm #0: transfer time (Tmin) 40.0 ms vs 10.0 ms before (4.0x)"]
 
 
 def test_slow_hop_not_transmitted_with_buffers_posted_weighs_on_the_sender() -> None:
