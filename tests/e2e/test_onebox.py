@@ -68,6 +68,8 @@ FAMILIES = {
     "inconsistent": False,  # hang.inconsistent (CCL-D H2): software
     "gpu-power-limit": True,  # slow.compute (Mycroft #4): a late-starting straggler
     "proxy-delay": False,  # slow.host (Mycroft #7): bursty proxy stalls
+    "process-killed": False,  # hang.process: the rank SIGKILLs itself mid-AllReduce
+    "process-frozen": False,  # hang.process: the rank SIGSTOPs itself mid-AllReduce
 }
 
 
@@ -168,19 +170,74 @@ async def test_agent_killed_and_restarted_mid_run(e2e: E2E) -> None:
         assert st["category"] == "hang.network" and st["culpritRank"] in inj.ranks
 
 
-@pytest.mark.asyncio
-@pytest.mark.timeout(60)
-async def test_killed_training_process_last_state_is_read(e2e: E2E) -> None:
+async def _process_stopped_from_outside(e2e: E2E, stop: str) -> dict[str, Any]:
+    """Train healthy, then ``stop`` (``kill``: SIGKILL and reap; ``freeze``: SIGSTOP) rank 5
+    from outside, mid-AllReduce; the finished Diagnosis."""
     e2e.box.start(None)
     e2e.cluster()
     async with e2e.operator():
         await e2e.harness.until(lambda: e2e.tj_status().get("health") == "Healthy", 15)
         await asyncio.sleep(2.0)  # a few healthy ticks: baselines
-        e2e.box.kill_rank(5)  # SIGKILL mid-AllReduce: no finalize, the ring stays as it was
+        if stop == "kill":
+            e2e.box.kill_rank(5)  # no finalize: the ring stays as it was, /proc/<pid> goes
+        else:
+            e2e.box.freeze_rank(5)  # alive, every thread stopped (heartbeat included)
+        done = await e2e.harness.until(e2e.finished, timeout_s=DIAGNOSED_S)
+    return dict(done)
+
+
+def _no_cordon(e2e: E2E, st: dict[str, Any]) -> None:
+    assert st["phase"] == "Diagnosed", st.get("actions")
+    for node in e2e.box.layout.node_names():
+        assert not e2e.node(node)["spec"].get("unschedulable"), (node, st.get("actions"))
+    assert len(e2e.diagnoses()) == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_killed_training_process_last_state_is_read(e2e: E2E) -> None:
+    """Issue 12: a SIGKILLed rank is not a network fault (it was hang.network, cordoning a
+    healthy node, in 1 of 2 runs): its process is gone, its heartbeat stopped, its peers beat."""
+    st = (await _process_stopped_from_outside(e2e, "kill"))["status"]
+    assert st["category"] == "hang.process", st["result"]
+    assert st["culpritRank"] == 5 and st["culpritNode"] == "node-1", st["result"]
+    top = st["result"]["culprits"][0]
+    assert (top["rank"], top["component"]) == (5, "host")
+    assert [c["rank"] for c in st["result"]["culprits"]] == [5]
+    assert any("rank 5 (node-1): its process is gone" in e for e in st["result"]["evidence"])
+    _no_cordon(e2e, st)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_frozen_training_process_is_a_process_hang(e2e: E2E) -> None:
+    st = (await _process_stopped_from_outside(e2e, "freeze"))["status"]
+    assert st["category"] == "hang.process", st["result"]
+    assert st["culpritRank"] == 5 and st["culpritNode"] == "node-1", st["result"]
+    assert [c["rank"] for c in st["result"]["culprits"]] == [5]
+    assert any("rank 5 (node-1): its process is stopped" in e for e in st["result"]["evidence"])
+    _no_cordon(e2e, st)
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_lost_node_is_a_node_hang(e2e: E2E) -> None:
+    """Node 1 goes (power, kernel): its agent stops answering and its four ranks die."""
+    e2e.box.start(None)
+    e2e.cluster()
+    async with e2e.operator():
+        await e2e.harness.until(lambda: e2e.tj_status().get("health") == "Healthy", 15)
+        await asyncio.sleep(2.0)
+        e2e.box.stop_agent("node-1")
+        for r in e2e.box.layout.ranks_by_node()["node-1"]:
+            e2e.box.kill_rank(r)
         done = await e2e.harness.until(e2e.finished, timeout_s=DIAGNOSED_S)
         st = done["status"]
-        assert st["category"].startswith("hang."), st["result"]
-        assert st["culpritRank"] == 5 and st["culpritNode"] == "node-1", st["result"]
+        assert st["category"] == "hang.node", st["result"]
+        assert st["culpritNode"] == "node-1" and st["culpritRank"] == 4, st["result"]
+        assert [c["rank"] for c in st["result"]["culprits"]] == [4, 5, 6, 7]
+        assert st["result"]["precision"] == "node"
+        _no_cordon(e2e, st)
 
 
 @pytest.mark.timeout(60)

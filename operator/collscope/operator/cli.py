@@ -132,9 +132,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--fault",
-        choices=truth.FAULT_NAMES,
+        choices=(*truth.FAULT_NAMES, *onebox_faults.PROCESS),
         default=None,
-        help="inject this fault instead of a random one ('none': a healthy run)",
+        help="inject this fault instead of a random one ('none': a healthy run; "
+        + "; ".join(f"{f.name}: {f.summary}" for f in onebox_faults.PROCESS.values())
+        + ", not with --simulated)",
     )
     demo.add_argument(
         "--seed",
@@ -359,6 +361,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo_simulated(args: argparse.Namespace) -> int:
+    if args.fault in onebox_faults.PROCESS:
+        print(
+            f"collscope demo: error: --fault {args.fault} needs rank processes: the simulator "
+            "has none (run it without --simulated)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10_000)
     fault_name = args.fault or random.Random(seed).choice(truth.FAULT_NAMES[1:])
     cfg = config.SimConfig(

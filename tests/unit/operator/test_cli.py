@@ -111,6 +111,17 @@ def test_demo_diagnoses_fixed_fault(tmp_path: Path) -> None:
     assert "CATEGORY" in res.stdout and "slow.compute" in res.stdout
 
 
+def test_simulated_demo_refuses_process_faults_in_one_line() -> None:
+    res = _run("demo", "--help")
+    assert "process-killed" in res.stdout and "process-frozen" in res.stdout
+    res = _run("demo", "--simulated", "--fault", "process-frozen")
+    assert res.returncode == cli.EXIT_BAD_INPUT and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        "collscope demo: error: --fault process-frozen needs rank processes: the simulator "
+        "has none (run it without --simulated)"
+    ]
+
+
 def test_ring_dump_of_a_file_that_is_not_a_ring_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "x.ring"
     bad.write_bytes(b"not a ring".ljust(8192, b"\0"))

@@ -13,7 +13,7 @@ this process on ``127.0.0.1``, one ``fabric.Client`` per rank).
     with box.OneBox(box.Layout(nodes=2, ranks_per_node=4), root, plugin) as b:
         b.start(injection)
         ... b.agent_url(node) ...
-        b.kill_rank(3); b.stop_agent("node-1"); b.start_agent("node-1")
+        b.kill_rank(3); b.freeze_rank(2); b.stop_agent("node-1"); b.start_agent("node-1")
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import dataclasses
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -215,9 +216,14 @@ class OneBox:
             p.wait(10)
 
     def kill_rank(self, r: int) -> None:
+        """SIGKILL rank ``r``'s process (and reap it)."""
         p = self.ranks[r]
         p.kill()
         p.wait(10)
+
+    def freeze_rank(self, r: int) -> None:
+        """SIGSTOP rank ``r``'s process: alive, every thread stopped (``close`` kills it)."""
+        self.ranks[r].send_signal(signal.SIGSTOP)
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until every agent lists every ring of its node (the ranks initialised)."""

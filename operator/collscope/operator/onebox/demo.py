@@ -197,5 +197,5 @@ def _truth(fault: str, inj: faults.Injection | None, seed: int) -> truth.Truth:
         culprit_node=inj.node,
         expected_category=faults.expected_category(fault),
         seed=seed,
-        detail=truth.Fault.from_name(fault).value.summary,
+        detail=faults.info_of(fault).summary,
     )

@@ -2,8 +2,10 @@
 
 The names, targets and expected categories are the simulator's (``simulator.truth.Fault``:
 Mycroft §7.1's seven faults plus CCL-D's hang classes H1-H3 and mixed slowdown S3), so the
-demo and the e2e tests judge a diagnosis with the same truth. How each is played by the rank
-processes (``rank.Rank``):
+demo and the e2e tests judge a diagnosis with the same truth; two more exist only here
+(``PROCESS``), since they are about OS processes, which the simulator does not have: a rank
+killed or frozen (CCL-D §6.1 injects "process blocking, e.g. SIGSTOP"). How each is played by
+the rank processes (``rank.Rank``):
 
 | fault | the culprit rank(s), from the onset on |
 | --- | --- |
@@ -18,6 +20,8 @@ processes (``rank.Rank``):
 | ``background-traffic`` | as nic-slow, on every rank of one node |
 | ``proxy-delay`` | the proxy loop stalls ``PROXY_STALL_S`` every 1-2 s |
 | ``mixed-slow`` | both the GPU and the NIC slowed |
+| ``process-killed`` | SIGKILLs itself mid-AllReduce (a chunk moved): no finalize, a zombie |
+| ``process-frozen`` | SIGSTOPs itself mid-AllReduce: alive, every thread stopped |
 """
 
 from __future__ import annotations
@@ -36,8 +40,20 @@ PROXY_STALL_S: Final = 1.0  # Mycroft #7: "rare 1 s stalls" of the proxy thread
 SLOW_GPU: Final = ("gpu-power-limit", "pcie-downgrade", "background-compute", "mixed-slow")
 SLOW_NET: Final = ("nic-slow", "background-traffic", "mixed-slow")
 LATE: Final = ("gpu-power-limit", "background-compute", "mixed-slow")  # compute itself slower
-HANGS: Final = ("nic-down", "gpu-hang", "not-entered", "inconsistent")
-NAMES: Final = tuple(n for n in truth.FAULT_NAMES if n != "none")
+# One-box only: name -> what the fault is (expected category hang.process: not a network
+# fault, never a cordon; analysis.liveness).
+PROCESS: Final = {
+    "process-killed": truth.FaultInfo(
+        "process-killed", "rank", "hang.process", True,
+        "the culprit's training process is killed (SIGKILL) mid-operation",
+    ),
+    "process-frozen": truth.FaultInfo(
+        "process-frozen", "rank", "hang.process", True,
+        "the culprit's training process is frozen (SIGSTOP) mid-operation",
+    ),
+}  # fmt: skip
+HANGS: Final = ("nic-down", "gpu-hang", "not-entered", "inconsistent", *PROCESS)
+NAMES: Final = (*(n for n in truth.FAULT_NAMES if n != "none"), *PROCESS)
 # What the one-box job reproduces so that the analysis names the injected rank and category
 # (measured: tests/e2e and the report of issue 6). The others are injectable but not yet
 # told apart here: with one communicator and no hardware samples, a slow NIC (nic-slow,
@@ -46,7 +62,7 @@ NAMES: Final = tuple(n for n in truth.FAULT_NAMES if n != "none")
 # iteration by less than the 2x the slow trigger needs.
 RELIABLE: Final = (
     "nic-down", "gpu-hang", "not-entered", "inconsistent", "gpu-power-limit", "proxy-delay",
-    "mixed-slow",
+    "mixed-slow", "process-killed", "process-frozen",
 )  # fmt: skip
 
 
@@ -64,7 +80,7 @@ def choose(
     kind: str, *, seed: int, ranks_by_node: dict[str, list[int]], onset_s: float
 ) -> Injection:
     """The culprit(s) of ``kind``, chosen from ``seed``: a rank, or every rank of a node."""
-    info = truth.Fault.from_name(kind).value
+    info = info_of(kind)
     rng = random.Random(seed)
     node = rng.choice(sorted(ranks_by_node))
     if info.target == "node":
@@ -73,9 +89,19 @@ def choose(
     return Injection(kind, (rank,), onset_s, node)
 
 
+def info_of(kind: str) -> truth.FaultInfo:
+    """What ``kind`` is: the simulator's catalogue, or a one-box process fault."""
+    if kind in PROCESS:
+        return PROCESS[kind]
+    try:
+        return truth.Fault.from_name(kind).value
+    except ValueError as e:
+        raise ValueError(f"{e}, {', '.join(PROCESS)}") from e
+
+
 def expected_category(kind: str) -> str | None:
-    return truth.Fault.from_name(kind).value.category
+    return info_of(kind).category
 
 
 def is_hang(kind: str) -> bool:
-    return truth.Fault.from_name(kind).value.hang
+    return info_of(kind).hang

@@ -24,8 +24,10 @@ So a chunk is never received before its sender produced it, and a rank that stop
 a NIC that stops delivering, a collective not entered) stops its neighbours, then the ring, the
 way a real job hangs (Mycroft §2.2: a fault propagates along the data dependencies). A stalled
 rank keeps its process alive, so its ring holds the frozen state (the plugin's heartbeat goes
-on). The fault (``faults.Injection``, given at start) acts from the onset the one-box arms in
-shared memory (``Shared.arm``) while the job runs.
+on); only the process faults (``process-killed``, ``process-frozen``) stop the process itself,
+heartbeat thread included, once a chunk of the current AllReduce moved. The fault
+(``faults.Injection``, given at start) acts from the onset the one-box arms in shared memory
+(``Shared.arm``) while the job runs.
 
 The shared state is a ``State``: ``Shared`` (one memory-mapped file) on one machine, or
 ``fabric.Client`` (the same slots behind a TCP server) for ranks in pods on different nodes
@@ -43,6 +45,7 @@ import mmap
 import os
 import pathlib
 import random
+import signal
 import sys
 import time
 from typing import Any, Final, Protocol
@@ -182,6 +185,7 @@ class Rank:
         self.base = 0  # chunks per channel exchanged in earlier operations
         self.seq = 0
         self.next_proxy_stall_s = 0.0
+        self.frozen = False
         self.consumed: dict[int, int] = {}  # channel -> chunks of the current op consumed
 
     # -- faults --------------------------------------------------------------------------
@@ -255,6 +259,8 @@ class Rank:
             for f in flows:
                 if f.step < nsteps:
                     moved |= self._advance(f, count)
+            if moved and any(f.step > 0 for f in flows):
+                self._process_fault()
             if not moved:
                 time.sleep(t.poll_s)
         for f in flows:
@@ -263,6 +269,15 @@ class Rank:
             n.record(h, nccl.KERNEL_CH_STOP, time.monotonic_ns() + ch)
             n.stop(h)
         self.base += nsteps
+
+    def _process_fault(self) -> None:
+        """The whole process stops here, mid-operation, as a SIGKILL (the OOM killer, a
+        crash) or a SIGSTOP (a debugger, CCL-D §6.1's process blocking) would stop it."""
+        if self._active("process-killed"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif self._active("process-frozen") and not self.frozen:
+            self.frozen = True  # once: a SIGCONT (by hand) lets it train on
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     def _proxy_stall(self) -> None:
         """Mycroft #7: the proxy thread stalls ~1 s now and then, with a chunk GPU-ready and

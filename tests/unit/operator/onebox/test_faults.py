@@ -15,7 +15,7 @@ def test_choice_follows_the_simulators_target(kind: str) -> None:
     inj = faults.choose(kind, seed=11, ranks_by_node=RANKS_BY_NODE, onset_s=2.5)
     assert inj.kind == kind and inj.onset_s == 2.5
     assert set(inj.ranks) <= set(RANKS_BY_NODE[inj.node])
-    if truth.Fault.from_name(kind).value.target == "node":
+    if faults.info_of(kind).target == "node":
         assert list(inj.ranks) == RANKS_BY_NODE[inj.node]
     else:
         assert len(inj.ranks) == 1
@@ -38,7 +38,7 @@ def test_choice_is_repeatable_and_depends_on_the_seed() -> None:
 
 
 def test_families_and_categories_agree_with_the_simulator() -> None:
-    assert set(faults.NAMES) == set(truth.FAULT_NAMES) - {"none"}
+    assert set(faults.NAMES) == set(truth.FAULT_NAMES) - {"none"} | set(faults.PROCESS)
     assert set(faults.RELIABLE) <= set(faults.NAMES)
     for kind in faults.NAMES:
         assert faults.is_hang(kind) == (kind in faults.HANGS)
@@ -48,5 +48,15 @@ def test_families_and_categories_agree_with_the_simulator() -> None:
 
 
 def test_unknown_fault_is_named() -> None:
-    with pytest.raises(ValueError, match="unknown fault 'nic-melted'"):
+    with pytest.raises(ValueError, match=r"unknown fault 'nic-melted'.*, process-frozen$"):
         faults.choose("nic-melted", seed=0, ranks_by_node=RANKS_BY_NODE, onset_s=0)
+
+
+@pytest.mark.parametrize("kind", ["process-killed", "process-frozen"])
+def test_process_faults_are_one_box_hangs_of_their_own_category(kind: str) -> None:
+    """Not in the simulator's catalogue (no processes there), a hang of one rank, expected
+    ``hang.process``: the category that is never a network fault nor a cordon."""
+    assert kind not in truth.FAULT_NAMES and kind in faults.RELIABLE
+    assert faults.is_hang(kind) and faults.expected_category(kind) == "hang.process"
+    inj = faults.choose(kind, seed=7, ranks_by_node=RANKS_BY_NODE, onset_s=0)
+    assert inj.ranks == (5,) and inj.node == "node-1"
