@@ -63,6 +63,17 @@ def test_non_hardware_category_refused_even_if_listed() -> None:
     assert not d.act and "not a hardware fault" in d.reason
 
 
+@pytest.mark.parametrize("category", ["hang.process", "hang.node"])
+def test_dead_frozen_or_lost_never_cordons(category: str) -> None:
+    """Issue 12: a dead or frozen process, a lost node: not by default, and not even when a
+    policy lists the category and lowers the bar to nothing (a GPU culprit at confidence 1)."""
+    d = policy.decide(policy.RemediationPolicy(), result(category, confidence=1.0))
+    assert not d.act and d.reason == f"category {category} is not remediated by policy"
+    lax = policy.RemediationPolicy(confidence_threshold=0.0, categories=frozenset({category}))
+    d = policy.decide(lax, result(category, confidence=1.0))
+    assert not d.act and d.reason == f"category {category} is not a hardware fault"
+
+
 def test_disabled_and_dry_run() -> None:
     off = policy.RemediationPolicy(enabled=False)
     assert policy.decide(off, result()).reason == "remediation disabled"

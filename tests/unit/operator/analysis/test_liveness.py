@@ -19,12 +19,13 @@ from collscope.operator.analysis import diagnosis, engine, liveness, placement, 
 Ring = Any  # conftest.Ring: conftest modules cannot be imported under --import-mode=importlib
 MS = 1_000_000
 S = 1_000_000_000
+Row = tuple[models.LivenessState, int | None]  # (state, heartbeat) of one rank
 FRESH = 50 * MS  # a running writer's heartbeat, as the agent reads it: under 0.6 s old
 
 
 def with_rows(
     base: tables.Bundle,
-    rows: Mapping[int, tuple[models.LivenessState, int | None]],
+    rows: Mapping[int, Row],
     *,
     ts: int,
     hw: Sequence[tuple[int, str, str, float]] = (),
@@ -41,8 +42,8 @@ def with_rows(
     return b.build()
 
 
-def alive(ring: Ring, **dead: tuple[models.LivenessState, int | None]) -> dict[int, Any]:
-    rows: dict[int, Any] = {r: ("running", ring.end - FRESH) for r in range(4)}
+def alive(ring: Ring, **dead: Row) -> dict[int, Row]:
+    rows: dict[int, Row] = {r: ("running", ring.end - FRESH) for r in range(4)}
     for key, value in dead.items():
         rows[int(key.removeprefix("r"))] = value
     return rows
@@ -92,14 +93,15 @@ def test_a_heartbeat_alone_names_the_rank_with_less_confidence(ring: Ring) -> No
     assert d.confidence == 0.8
     # ... but a visible, running process with an old heartbeat (communicators closed) is not
     # silent, and an unknown one whose heartbeat is fresh is heard.
-    for state, beat in (("running", ring.stall_start), ("unknown", ring.end - FRESH)):
-        rows = alive(ring, r2=(state, beat))
+    cases: list[Row] = [("running", ring.stall_start), ("unknown", ring.end - FRESH)]
+    for case in cases:
+        rows = alive(ring, r2=case)
         d = engine.diagnose(with_rows(ring.build("gpu"), rows, ts=ring.end))
-        assert d.category == "hang.gpu", (state, d.evidence)
+        assert d.category == "hang.gpu", (case, d.evidence)
 
 
 def test_no_verdict_when_nobody_is_heard(ring: Ring) -> None:
-    rows = {r: ("stopped", ring.stall_start) for r in range(4)}
+    rows: dict[int, Row] = {r: ("stopped", ring.stall_start) for r in range(4)}
     d = engine.diagnose(with_rows(ring.build("network"), rows, ts=ring.end))
     assert d.category == "hang.network"  # the job stopped as a whole: traces decide
 
@@ -161,7 +163,7 @@ def test_a_node_whose_agent_is_unreachable_and_ranks_silent_is_lost(ring: Ring) 
     base = ring.build("network")
     kept = tables.BundleBuilder(base.job)
     kept.add_tables(view.select(base, ranks=(0, 1)))
-    rows: dict[int, Any] = {0: ("running", ring.end - FRESH), 1: ("running", ring.end - FRESH)}
+    rows: dict[int, Row] = {0: ("running", ring.end - FRESH), 1: ("running", ring.end - FRESH)}
     rows |= {2: ("unreachable", None), 3: ("unreachable", None)}
     d = engine.diagnose(with_rows(kept.build(), rows, ts=ring.end))
     assert d.category == "hang.node" and d.precision == "node"
@@ -173,7 +175,7 @@ def test_a_node_whose_agent_is_unreachable_and_ranks_silent_is_lost(ring: Ring) 
 
 
 def test_an_unreachable_agent_whose_ranks_spoke_is_not_a_lost_node(ring: Ring) -> None:
-    rows: dict[int, Any] = {0: ("running", ring.end - FRESH), 1: ("running", ring.end - FRESH)}
+    rows: dict[int, Row] = {0: ("running", ring.end - FRESH), 1: ("running", ring.end - FRESH)}
     rows |= {2: ("unreachable", None), 3: ("unreachable", None)}
     d = engine.diagnose(with_rows(ring.build("network"), rows, ts=ring.end))
     assert d.category == "hang.network"  # their state samples go on after the stall began
@@ -190,20 +192,9 @@ def test_bundles_without_liveness_analyse_as_before(ring: Ring) -> None:
 @pytest.mark.parametrize(
     "category", [diagnosis.Category.HANG_PROCESS, diagnosis.Category.HANG_NODE]
 )
-def test_the_new_categories_never_cordon(category: diagnosis.Category) -> None:
-    info = category.value
+def test_the_new_categories_are_host_hangs_not_hardware(category: diagnosis.Category) -> None:
+    info = category.value  # so remediation never cordons on them (test_policy.py)
     assert info.trigger == "hang" and info.component == "host" and info.hardware is False
-    # Not even when a tenant lists them and lowers the bar to nothing.
-    lax = policy.RemediationPolicy(confidence_threshold=0.0, categories=frozenset({info.name}))
-    result = diagnosis.Diagnosis(
-        anomaly=True,
-        trigger="hang",
-        category=info.name,
-        confidence=1.0,
-        culprits=[diagnosis.Culprit(rank=5, node="node-1", component="gpu", score=1.0)],
-    )
-    decision = policy.decide(lax, result)
-    assert not decision.act and decision.reason == f"category {info.name} is not a hardware fault"
 
 
 def _hang(ring: Ring) -> trigger.TriggerResult:
