@@ -19,6 +19,7 @@ and how far the best culprit stands above the next one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from collscope.operator.analysis import (
     inflight,
     liveness,
     placement,
+    rotation,
     straggler,
     trigger,
     view,
@@ -66,28 +68,36 @@ def diagnose(
     grp = groups.build(bundle)
     where = placement.Placement.of(bundle.job)
     observed = bundle  # with its liveness rows, which the cuts below leave out
-    watch = (
-        tuple(sorted(sampled))
+    plan = (  # Mycroft's sample, rotated over the DP groups when they outnumber it
+        rotation.fixed(sampled)
         if sampled is not None
-        else groups.sample_ranks(grp, bundle.job, settings.max_sampled)
+        else rotation.plan(
+            grp, bundle.job, settings.max_sampled, dwell_ticks=settings.trigger.repeat_ticks
+        )
     )
+    watch = plan.ranks
     interval = inflight.infer_interval_ns(bundle, int(settings.trigger.state_interval_s * NS))
     watched = view.select(bundle, ranks=watch)
-    state = trigger.TriggerState(watch, settings.trigger, interval_ns=interval)
+    state = trigger.TriggerState(plan.at(0), settings.trigger, interval_ns=interval)
     first, last = span
     step = int(settings.tick_s * NS)
     ticks = [*range(first + step, last, step), last]
     hit = None
-    for t in ticks:
+    for i, t in enumerate(ticks):
+        state.watch(plan.at(i), watched)
         hit = state.update(watched, t)
-        if hit is not None:
-            break
+        if hit is None:
+            continue
+        seen = plan.last_seen(i, hit.ranks) if hit.kind == "slow" else None
+        if seen is not None:  # a rank that rotated in: the slowdown may predate its visit
+            hit = dataclasses.replace(hit, since_ns=min(hit.since_ns, first + (seen + 1) * step))
+        break
     if hit is None:
         return diagnosis.Diagnosis(
             anomaly=False,
             evidence=[
                 f"replayed {(last - first) / NS:.1f} s in {len(ticks)} ticks of "
-                f"{settings.tick_s:g} s on sampled ranks {list(watch)} "
+                f"{settings.tick_s:g} s on {plan.describe()} "
                 f"({len(grp.of_kind('dp'))} DP groups, {len(grp.comms)} communicators): no "
                 f"operation stalled past its threshold and no throughput, interval or CCL-D "
                 f"slowdown ratio alarm held {settings.trigger.repeat_ticks} ticks in a row"

@@ -17,9 +17,11 @@ Its *kind* says which parallel dimension it spans:
 
 ``sample_ranks`` implements Mycroft §4.3: at least one rank per DP group, at most 10 ranks,
 spread across nodes and pipeline stages. With more DP groups than the budget it picks that many
-distinct groups spread across nodes; the others are still covered because a fault propagates
-within a few hundred milliseconds to every group that depends on the faulty one (Mycroft §4.1,
-"rapid anomaly spread"), and root-cause analysis always reads every rank.
+distinct groups spread across nodes. Mycroft counts on a fault propagating to every group that
+depends on the faulty one (§4.1, "rapid anomaly spread"); a slowdown that only its own DP group
+feels (a slow NIC carrying that group's gradient exchange, absorbed by the pipeline bubble)
+does not, so with more groups than the budget the trigger rotates part of the sample over the
+groups (``rotation``, built on ``pick_order``).
 """
 
 from __future__ import annotations
@@ -211,6 +213,16 @@ def sample_ranks(groups: Groups, job: models.Job, max_ranks: int = 10) -> tuple[
     (ties: fewest picks in its group, then lowest rank). Every DP group gets one pick first; with
     budget left, more ranks are added the same way (more coverage at the same bounded cost).
     """
+    return tuple(sorted(pick_order(groups, job, max_ranks)))
+
+
+def pick_order(groups: Groups, job: models.Job, max_ranks: int) -> tuple[int, ...]:
+    """``sample_ranks``'s picks in the order the greedy made them (not sorted).
+
+    A prefix of the order is the sample of a smaller budget: the first ``min(groups, n)`` picks
+    cover that many distinct DP groups, each on the node and stage used least so far, which is
+    what ``rotation`` needs to split one spread order into anchors and a visiting order.
+    """
     dpg = dp_groups(groups, job)
     if not dpg or max_ranks < 1:
         return ()
@@ -253,7 +265,7 @@ def sample_ranks(groups: Groups, job: models.Job, max_ranks: int = 10) -> tuple[
         node_use[node_a[pick]] += 1
         stage_use[stage_a[pick]] += 1
         group_use[group_a[pick]] += 1
-    return tuple(sorted(chosen))
+    return tuple(chosen)
 
 
 def kind_of(

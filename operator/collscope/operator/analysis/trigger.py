@@ -110,6 +110,7 @@ class TriggerState:
         self._streak_reason = ""
         self._prev_ns: int | None = None
         self._episodes: dict[tuple[int, int, int], tuple[int, int]] = {}  # key -> (start, idle)
+        self._away: dict[int, tuple[int, int | None]] = {}  # rank -> (left at, first ts)
 
     def update(self, view: tables.Bundle, t_ns: int) -> TriggerResult | None:
         ops = view.ops[np.isin(view.ops["rank"], self.sampled) & (view.ops["ts"] <= t_ns)]
@@ -130,6 +131,40 @@ class TriggerState:
         if stalled_any:
             return None  # paused: neither counts nor resets the streak
         return self._slow(ops, t_ns) or self._bursty(t_ns)
+
+    def watch(self, sampled: tuple[int, ...], view: tables.Bundle | None = None) -> None:
+        """Change the sampled ranks between two ``update`` calls (``rotation``'s moving sample).
+
+        A rank that leaves keeps what was learned from it (its normal throughput and intervals,
+        its communicators' baselines) and is no longer judged. A rank that joins is judged from
+        the next ``update`` on; first its op records in ``view`` that this state has not learned
+        (after it last left, up to the last tick seen) are learned, in completion order, so the
+        baselines of its communicators come from its own history, not from the slowdown it may
+        be in now. ``view`` must be the bundle the next ``update`` gets (same comm indices).
+        """
+        new = np.asarray(sorted(set(sampled)), dtype=np.int32)
+        for r in np.setdiff1d(self.sampled, new).tolist():
+            left = -1 if self._seen_ns is None else self._seen_ns
+            self._away[r] = (left, self._first_ns.pop(r, None))
+        joined = np.setdiff1d(new, self.sampled).tolist()
+        self.sampled = new
+        left_ns: dict[int, int] = {}
+        for r in joined:
+            left, first = self._away.pop(r, (-1, None))
+            left_ns[r] = left
+            if first is not None:
+                self._first_ns[r] = first
+        if view is None or self._seen_ns is None or not joined:
+            return
+        ops = view.ops[np.isin(view.ops["rank"], joined) & (view.ops["ts"] <= self._seen_ns)]
+        after = np.asarray([left_ns[r] for r in ops["rank"].tolist()], dtype=np.int64)
+        ops = ops[ops["ts"] > after]
+        if len(ops) == 0:
+            return
+        ops = ops[np.argsort(ops["ts"], kind="stable")]
+        for r, ts in zip(ops["rank"].tolist(), ops["ts"].tolist(), strict=True):
+            self._first_ns.setdefault(r, ts)
+        self.base.learn_ops(ops)
 
     # -- learning ------------------------------------------------------------------------------
     def _learn(self, ops: tables.Table, t_ns: int) -> None:
