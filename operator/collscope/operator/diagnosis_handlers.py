@@ -117,7 +117,7 @@ async def _process(
             await _patch(api, namespace, name, new)
             phase, conditions = step, new["conditions"]
         try:
-            result, failed = await analyse(memo, namespace, job, spec)
+            result, failed = await analyse(memo, namespace, job, spec, diagnosis_name=name)
         except (errors.AgentError, errors.KubeError, errors.AnalysisError) as e:
             new = status_phase(phase, "Failed", conditions, generation, str(e))
             await _patch(api, namespace, name, new)
@@ -170,9 +170,17 @@ async def _patch(api: kube.Cluster, namespace: str, name: str, new: Mapping[str,
 
 
 async def analyse(
-    memo: kopf.Memo, namespace: str, job: str, spec: Mapping[str, Any]
+    memo: kopf.Memo,
+    namespace: str,
+    job: str,
+    spec: Mapping[str, Any],
+    *,
+    diagnosis_name: str = "",
 ) -> tuple[diagnosis.Diagnosis, list[agents.Unreachable]]:
-    """Pull the window of every rank of ``job`` and run root-cause analysis on it."""
+    """Pull the window of every rank of ``job`` and run root-cause analysis on it.
+
+    The replay watches the ranks the trigger watched when it opened this Diagnosis (with a
+    rotating sample, the current ones may be other groups'), else the ones watched now."""
     cfg: settings.Settings = memo.settings
     meters: metrics.OperatorMetrics = memo.metrics
     key = (namespace, job)
@@ -198,7 +206,8 @@ async def analyse(
     )
     failed += more
     trigger_loop.note_failures(memo, failed)
-    sampled = [int(r) for r in rt.sample if r in rt.ranks] or None
+    watched = rt.watched_when.get(diagnosis_name, rt.sample)
+    sampled = [int(r) for r in watched if r in rt.ranks] or None
     result = await asyncio.to_thread(
         engine.diagnose, bundle, jobs.analysis_settings(tj_spec), sampled=sampled
     )

@@ -8,10 +8,17 @@ of a tick (no kopf, no HTTP: the handler modules do the I/O).
   any other callable of the same shape (tests map nodes to in-process agents).
 - Rank mapping (``rank_placement``): the rings each node's agent lists (``/v1/ranks``) whose
   pod is one of the job's pods on that node.
-- ``JobRuntime``: the sample (``sampling.Sampler``), the trigger (``analysis.trigger``, Mycroft
-  Algorithm 1 §4.3) fed once per tick with the sampled ranks' records, and the incidents seen.
+- ``JobRuntime``: the sample (``sampling.Sampler``: a plan that rotates part of it over the DP
+  groups, tick by tick), the trigger (``analysis.trigger``, Mycroft Algorithm 1 §4.3) fed once
+  per tick with the watched ranks' records, numbered alike from tick to tick (``numbering``),
+  and the incidents seen.
 - Incident naming (``incident_of``/``diagnosis_name``): one Diagnosis per job and incident, the
-  name derived from (kind, communicator, sequence), so creating it twice answers 409.
+  name derived from (kind, communicator, sequence) for a hang, so creating it twice answers
+  409. A slowdown lasts many operations, so its incident is an *episode* of its communicator
+  (``JobRuntime.slow_incident``): triggers on that communicator belong to the open episode
+  until none held for ``quiet_ticks`` ticks; the next one opens a new episode and a new
+  Diagnosis, named after the episode's first trigger, so a second slowdown on a communicator
+  that already has a Diagnosis is reported rather than deduplicated into the first.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 
 from collscope.nodeagent import api
 from collscope.nodeagent.bundle import models, tables
-from collscope.operator import groups, ids, sampling
+from collscope.operator import groups, ids, numbering, sampling
 from collscope.operator.analysis import engine, trigger
 
 # (node name, host IP or "") -> base URL of that node's agent, or None when unknown.
@@ -157,6 +164,12 @@ class JobRuntime:
     last_tick_s: float = float("-inf")
     incidents: set[str] = field(default_factory=set)  # Diagnoses this job opened
     groups: groups.JobGroups = NO_GROUPS  # inferred at discovery from communicator membership
+    tick: int = 0  # ticks run on the current plan: ``plan.at(tick)`` is watched now
+    ticks_run: int = 0  # ticks run since the operator started watching the job (episodes)
+    numbering: numbering.StableNumbering = field(default_factory=numbering.StableNumbering)
+    # open slowdown episodes: "slow/<comm>" -> (its incident, ``ticks_run`` of its last trigger)
+    episodes: dict[str, tuple[str, int]] = field(default_factory=dict)
+    watched_when: dict[str, tuple[ids.Rank, ...]] = field(default_factory=dict)  # diag -> ranks
 
     def needs_discovery(self, pods: Mapping[str, PodPlace], now_s: float, every_s: float) -> bool:
         """Ask the agents again: the pods changed, or some pod has no rank yet (rings appear
@@ -174,20 +187,56 @@ class JobRuntime:
     def resample(
         self, trigger_settings: trigger.TriggerSettings, job_groups: Any
     ) -> tuple[ids.Rank, ...]:
-        """Choose the sample (``sampling``); a new sample starts a fresh trigger state."""
+        """The ranks to watch at this tick (``sampling``); a new plan starts a fresh trigger
+        state at its tick 0 (``advance`` moves the plan on once the tick was run)."""
         placement = {
             r: sampling.Placement(ids.PodUID(p.pod_uid), p.node) for r, p in self.ranks.items()
         }
         chosen, changed = self.sampler.update(placement, job_groups)
         if changed or self.state is None:
-            self.sample = chosen.ranks
-            self.state = trigger.TriggerState(tuple(int(r) for r in chosen.ranks), trigger_settings)
+            self.tick = 0
+            self.sample = chosen.at(0)
+            self.state = trigger.TriggerState(tuple(int(r) for r in self.sample), trigger_settings)
+            self.numbering = numbering.StableNumbering()
+            return self.sample
+        self.sample = chosen.at(self.tick)
         return self.sample
+
+    def advance(self) -> None:
+        """One tick of the plan done (the trigger saw this tick's watched set)."""
+        self.tick += 1
+        self.ticks_run += 1
+
+    def quiet_ticks(self, floor: int) -> int:
+        """Ticks without a trigger that end a slowdown episode: at least ``floor``, and at least
+        one rotation period plus one visit, so that the watchers of every DP group had a whole
+        visit since (a slowdown seen by a rotating rank triggers once per visit)."""
+        p = self.sampler.current.plan if self.sampler.current is not None else None
+        return max(floor, 0 if p is None else p.period_ticks + p.dwell_ticks)
+
+    def slow_incident(self, comm_id: str | None, hit: trigger.TriggerResult, quiet: int) -> str:
+        """The incident of a slow trigger at this tick: its communicator's open episode.
+
+        Triggers on one communicator belong to its open episode while at most ``quiet`` ticks
+        passed since the last one; otherwise the episode is over (the slowdown was resolved, or
+        its watchers saw none for a whole visit) and this trigger opens the next, named after
+        its detection time (``slow/<comm>@<unix ms>``), so that its Diagnosis is a new object
+        and not the first one's 409.
+        """
+        base = incident_of(hit, comm_id)
+        open_ = self.episodes.get(base)
+        if open_ is not None and self.ticks_run - open_[1] <= quiet:
+            self.episodes[base] = (open_[0], self.ticks_run)
+            return open_[0]
+        incident = f"{base}@{hit.at_ns // 1_000_000}"  # unix ms of its first trigger
+        self.episodes[base] = (incident, self.ticks_run)
+        return incident
 
 
 def incident_of(hit: trigger.TriggerResult, comm_id: str | None) -> str:
     """The dedupe key of a trigger: a hang is one (communicator, operation); a slowdown is one
-    per communicator (it lasts many operations)."""
+    per communicator (it lasts many operations), split into episodes by
+    ``JobRuntime.slow_incident``."""
     if hit.kind == "hang":
         return f"hang/{comm_id or '-'}/{hit.seq if hit.seq is not None else '-'}"
     return f"slow/{comm_id or '-'}"

@@ -1,9 +1,12 @@
-"""Which ranks of a TrainingJob the trigger polls, and when to choose again.
+"""Which ranks of a TrainingJob the trigger polls, tick by tick, and when to choose again.
 
 The choice itself is Mycroft §4.3 as ``analysis.groups.sample_ranks`` implements it: at least
 one rank per DP group, at most ``max_ranks`` (10 by default), each pick on the node (then the
-pipeline stage) used least so far, so the sample spreads across nodes. This module adds what a
-live job needs on top:
+pipeline stage) used least so far, so the sample spreads across nodes. With more DP groups than
+the budget, part of the sample rotates over the groups (``analysis.rotation``, the same pure
+function the replay uses): ``Sample.plan.at(tick)`` is the set watched at the job's tick number
+``tick``, and every DP group is watched within ``plan.period_ticks`` ticks. This module adds
+what a live job needs on top:
 
 - only ranks whose pod is present (scheduled, with a node) are candidates: polling a rank with
   no agent behind it would only report errors;
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from collscope.nodeagent.bundle import models
 from collscope.operator import groups, ids
 from collscope.operator.analysis import groups as analysis_groups
+from collscope.operator.analysis import rotation
 
 DEFAULT_MAX_RANKS = 10  # Mycroft §4.3: "at most 10 ranks", bounded cost at any scale
 
@@ -36,18 +40,30 @@ class Placement:
 
 @dataclass(frozen=True)
 class Sample:
-    ranks: tuple[ids.Rank, ...]
+    plan: rotation.Plan  # the ranks watched at each tick
     fingerprint: str
+
+    @property
+    def ranks(self) -> tuple[ids.Rank, ...]:
+        """Every rank the plan ever watches."""
+        return tuple(ids.Rank(r) for r in self.plan.ranks)
+
+    def at(self, tick: int) -> tuple[ids.Rank, ...]:
+        return tuple(ids.Rank(r) for r in self.plan.at(tick))
 
 
 def fingerprint(
-    placement: Mapping[ids.Rank, Placement], job_groups: groups.JobGroups, max_ranks: int
+    placement: Mapping[ids.Rank, Placement],
+    job_groups: groups.JobGroups,
+    max_ranks: int,
+    dwell_ticks: int = rotation.DEFAULT_DWELL_TICKS,
 ) -> str:
     """A short digest of everything the sample depends on."""
     doc = {
         "p": sorted([int(r), p.pod_uid, p.node] for r, p in placement.items()),
         "g": job_groups.as_status(),
         "n": max_ranks,
+        "d": dwell_ticks,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -60,11 +76,22 @@ def choose(
     """Mycroft sampling over the present ranks: >= 1 per DP group that has any, <= max_ranks.
 
     Without any DP group (nothing declared, no multi-node collective seen yet) every present
-    rank is its own group, so the budget is spread over nodes.
+    rank is its own group, so the budget is spread over nodes. The set watched at the first
+    tick of ``plan``'s rotation.
     """
+    return tuple(ids.Rank(r) for r in plan(placement, job_groups, max_ranks).at(0))
+
+
+def plan(
+    placement: Mapping[ids.Rank, Placement],
+    job_groups: groups.JobGroups,
+    max_ranks: int = DEFAULT_MAX_RANKS,
+    dwell_ticks: int = rotation.DEFAULT_DWELL_TICKS,
+) -> rotation.Plan:
+    """``analysis.rotation.plan`` over the present ranks (see ``choose`` for the groups)."""
     present = set(placement)
     if not present or max_ranks < 1:
-        return ()
+        return rotation.fixed(())
     dp = [g for g in (_present(g, present) for g in job_groups.dp) if g]
     if not dp:
         dp = [(r,) for r in sorted(present)]
@@ -84,7 +111,7 @@ def choose(
         ranks=[models.RankInfo(rank=r, node=p.node) for r, p in sorted(placement.items())],
     )
     dp_comms = analysis_groups.Groups(comms=tuple(synthetic))
-    return tuple(ids.Rank(r) for r in analysis_groups.sample_ranks(dp_comms, job, max_ranks))
+    return rotation.plan(dp_comms, job, max_ranks, dwell_ticks=dwell_ticks)
 
 
 def _present(group: groups.Group, present: set[ids.Rank]) -> tuple[int, ...]:
@@ -94,16 +121,22 @@ def _present(group: groups.Group, present: set[ids.Rank]) -> tuple[int, ...]:
 class Sampler:
     """Keeps one job's sample; chooses again only when its inputs change."""
 
-    def __init__(self, max_ranks: int = DEFAULT_MAX_RANKS) -> None:
+    def __init__(
+        self,
+        max_ranks: int = DEFAULT_MAX_RANKS,
+        dwell_ticks: int = rotation.DEFAULT_DWELL_TICKS,
+    ) -> None:
         self.max_ranks = max_ranks
+        self.dwell_ticks = dwell_ticks
         self.current: Sample | None = None
 
     def update(
         self, placement: Mapping[ids.Rank, Placement], job_groups: groups.JobGroups
     ) -> tuple[Sample, bool]:
         """The sample for this placement, and whether it was (re)chosen now."""
-        fp = fingerprint(placement, job_groups, self.max_ranks)
+        fp = fingerprint(placement, job_groups, self.max_ranks, self.dwell_ticks)
         if self.current is not None and self.current.fingerprint == fp:
             return self.current, False
-        self.current = Sample(choose(placement, job_groups, self.max_ranks), fp)
+        chosen = plan(placement, job_groups, self.max_ranks, self.dwell_ticks)
+        self.current = Sample(chosen, fp)
         return self.current, True

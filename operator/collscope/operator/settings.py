@@ -43,6 +43,17 @@ class TriggerLoopSettings:
     window_s: float = 5.0
     # Re-ask the agents which ranks they hold at most this often while some pod has no rank.
     rediscover_s: float = 5.0
+    # Records pulled on a tick where a rank joins the rotating sample (analysis.rotation): its
+    # communicators' baselines are learned from its own history (CCL-D's Tbase from the first
+    # 3 s of rounds seen), so it must reach back past a slowdown that began while the rank was
+    # away: one rotation period (6 s for 16 DP groups, 21 s for 64) plus Δ. The agents keep
+    # 120 s.
+    join_history_s: float = 30.0
+    # A slowdown episode of a communicator ends after this many ticks without a slow trigger
+    # on it (and never before one rotation period plus a visit, jobs.JobRuntime.quiet_ticks);
+    # the next trigger there opens a new Diagnosis. Ten ticks: longer than the repetition
+    # counter's three, so a streak broken by one healthy tick is not a new incident.
+    episode_quiet_ticks: int = 10
 
 
 @dataclass(frozen=True)

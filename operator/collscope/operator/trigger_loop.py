@@ -11,12 +11,18 @@ job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rar
    at the same time one empty-range window of every rank brings its ``comm`` records, from
    which the groups are inferred (``groups.infer``) unless ``spec.parallelism`` declares them;
 3. the sample (``spec.diagnosis.sampling.maxRanks``, default 10; >= 1 per DP group, spread
-   over nodes) is kept or chosen again;
-4. the last ``window_s`` of the sampled ranks' records are pulled from their agents in
-   parallel (``agents.pull_window``) and fed to the job's ``analysis.trigger.TriggerState``
-   (kept in ``memo.jobs``), which runs Mycroft Algorithm 1;
+   over nodes; with more DP groups than that, part of it rotates over the groups,
+   ``analysis.rotation``) is kept or chosen again, and the ranks it watches at this tick
+   number are taken from it;
+4. the last ``window_s`` of the watched ranks' records (``join_history_s`` on a tick where a
+   rank joins, so that it brings its history) are pulled from their agents in parallel
+   (``agents.pull_window``), numbered like the previous ticks' (``numbering``) and fed to the
+   job's ``analysis.trigger.TriggerState`` (kept in ``memo.jobs``), which runs Mycroft
+   Algorithm 1;
 5. on a trigger, a Diagnosis named after the incident is created (409 = already open: one per
-   job and incident); ``diagnosis_handlers`` analyses it;
+   job and incident; a slowdown's incident is an episode of its communicator, so a second
+   slowdown there after the first one ended opens a new one); ``diagnosis_handlers``
+   analyses it;
 6. the status (ranks, sample, health, ``AgentsReachable`` condition naming unreachable nodes,
    last trigger) is patched when it changed. An unreachable agent is never fatal.
 """
@@ -213,12 +219,14 @@ async def tick(
     last_trigger: dict[str, Any] | None = None
     if sample and rt.state is not None:
         t_ns = time.time_ns()
+        joins = not set(sample) <= set(rt.state.sampled.tolist())
+        back_s = max(cfg.trigger.window_s, cfg.trigger.join_history_s if joins else 0.0)
         try:
             bundle, failed = await agents.pull_window(
                 clients_of(memo, key),
                 jobs.by_node(sample, rt.ranks),
                 jobs.bundle_job(name, rt.ranks),
-                since_ns=t_ns - int(cfg.trigger.window_s * NS),
+                since_ns=t_ns - int(back_s * NS),
                 until_ns=t_ns,
             )
         except errors.CollscopeError as e:  # e.g. a rank beyond the world size seen so far
@@ -227,6 +235,8 @@ async def tick(
             return
         unreachable += failed
         if len(failed) < len(jobs.by_node(sample, rt.ranks)):
+            bundle = rt.numbering.apply(bundle)
+            rt.state.watch(tuple(int(r) for r in sample), bundle)
             hit = rt.state.update(bundle, t_ns)
             health = "Healthy" if hit is None else ("Hung" if hit.kind == "hang" else "Slow")
             if hit is not None:
@@ -235,6 +245,7 @@ async def tick(
                     memo, rt=rt, namespace=namespace, name=name, uid=uid, hit=hit, comm=comm,
                     cfg=cfg, logger=logger, body=body,
                 )  # fmt: skip
+            rt.advance()
     note_failures(memo, unreachable)
     now = datetime.datetime.now(datetime.UTC)
     new = _job_status(
@@ -261,7 +272,10 @@ async def _open_incident(
     body: kopf.Body,
 ) -> dict[str, Any] | None:
     """Create the incident's Diagnosis once; the ``lastTrigger`` status entry when new."""
-    incident = jobs.incident_of(hit, comm)
+    if hit.kind == "slow":
+        incident = rt.slow_incident(comm, hit, rt.quiet_ticks(cfg.trigger.episode_quiet_ticks))
+    else:
+        incident = jobs.incident_of(hit, comm)
     diag = jobs.diagnosis_name(name, incident)
     if diag in rt.incidents:
         return None
@@ -277,6 +291,7 @@ async def _open_incident(
         logger.warning("cannot create Diagnosis %s: %s", diag, e)
         return None
     rt.incidents.add(diag)
+    rt.watched_when[diag] = rt.sample  # the replay of its analysis watches the same ranks
     if created:
         meters: metrics.OperatorMetrics = memo.metrics
         meters.triggers.labels(kind=hit.kind).inc()

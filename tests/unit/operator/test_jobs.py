@@ -113,3 +113,69 @@ def test_analysis_settings_apply_trigger_overrides() -> None:
                                                              "throughputDrop": 0.25}}})  # fmt: skip
     assert got.trigger.hang_floor_s == 3.0 and got.trigger.throughput_drop == 0.25
     assert got.tick_s == 1.0
+
+
+def _runtime(world: int, per_node: int) -> jobs.JobRuntime:
+    rt = jobs.JobRuntime()
+    rt.ranks = {
+        ids.Rank(r): jobs.RankPlace(
+            ids.Rank(r), ids.NodeName(f"n{r // per_node}"), f"p{r}", f"u{r}"
+        )
+        for r in range(world)
+    }
+    return rt
+
+
+def test_resample_follows_the_rotation_tick_by_tick() -> None:
+    # tp=4, dp=2 on 8 ranks: 4 DP groups; maxRanks 2: both slots visit the groups, two at a
+    # time for 3 ticks (an anchor would make it ceil(3 / 1) = 3 phases instead of 2).
+    jg = groups.declared(groups.parse("tp=4,dp=2"), 8)
+    rt = _runtime(8, 2)
+    rt.set_max_ranks(2)
+    plan = None
+    watched = []
+    for _ in range(7):
+        watched.append(rt.resample(trigger.TriggerSettings(), jg))
+        if plan is None:
+            state = rt.state
+            assert rt.sampler.current is not None
+            plan = rt.sampler.current.plan
+        assert rt.state is state  # the same trigger state follows the rotation
+        rt.advance()
+    assert plan is not None and plan.period_ticks == 6 and plan.anchors == ()
+    assert watched == [plan.at(t) for t in range(7)]
+    assert watched[0] == watched[2] != watched[3] == watched[5]
+    assert (rt.tick, rt.ticks_run) == (7, 7)
+    # A new plan (a pod moved) starts again at its tick 0 with a fresh trigger state.
+    rt.ranks[ids.Rank(7)] = jobs.RankPlace(ids.Rank(7), ids.NodeName("n9"), "p7", "u7b")
+    rt.resample(trigger.TriggerSettings(), jg)
+    assert rt.tick == 0 and rt.state is not state and rt.ticks_run == 7
+
+
+def test_a_slowdown_episode_ends_after_quiet_ticks_and_the_next_is_a_new_incident() -> None:
+    rt = jobs.JobRuntime()
+
+    def slow(at_s: float) -> trigger.TriggerResult:
+        return trigger.TriggerResult("slow", int(at_s * 1e9), 0, 0, (1,), 0, None, "x")
+
+    got = []
+    for tick, held in enumerate([1, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 1]):
+        rt.ticks_run = tick
+        if held:
+            got.append((tick, rt.slow_incident("0xab", slow(100 + tick), quiet=3)))
+    first, second = "slow/0xab@100000", "slow/0xab@110000"
+    # Ticks 0-5: one episode (two quiet ticks <= 3); tick 10: four quiet ticks, a new one.
+    assert got == [(0, first), (1, first), (2, first), (5, first), (10, second), (11, second)]
+    assert jobs.diagnosis_name("tj", first) != jobs.diagnosis_name("tj", second)
+    # Another communicator has its own episodes; a hang keeps its (comm, seq) incident.
+    assert rt.slow_incident("0xcd", slow(111), quiet=3) == "slow/0xcd@111000"
+    assert rt.slow_incident(None, slow(111), quiet=3) == "slow/-@111000"
+
+
+def test_quiet_ticks_cover_a_whole_rotation() -> None:
+    rt = _runtime(8, 2)
+    assert rt.quiet_ticks(10) == 10  # no plan yet
+    rt.set_max_ranks(2)
+    rt.resample(trigger.TriggerSettings(), groups.declared(groups.parse("tp=4,dp=2"), 8))
+    assert rt.quiet_ticks(2) == 6 + 3  # period + one visit: each group's watchers had a visit
+    assert rt.quiet_ticks(10) == 10

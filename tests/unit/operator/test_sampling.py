@@ -126,3 +126,22 @@ def test_spread_without_groups_uses_distinct_nodes_first(
     assert len(chosen) == min(budget, len(where))
     nodes = {p.node for p in where.values()}
     assert len({where[r].node for r in chosen}) == min(len(chosen), len(nodes))
+
+
+def test_more_dp_groups_than_the_budget_rotate() -> None:
+    # 32 DP groups of 2 (tp=32, dp=2) on 8 nodes, budget 10: 2 anchors and 8 slots visiting
+    # the other 30 groups, 3 ticks each: every group watched within ceil(32 / 10) * 3 = 12
+    # ticks; choose() is the set of the first tick.
+    jg = groups.declared(groups.parse("tp=32,dp=2"), 64)
+    where = placement(64, 8)
+    plan = sampling.plan(where, jg, max_ranks=10)
+    assert len(plan.anchors) == 2 and plan.slots == 8 and plan.period_ticks == 12
+    assert sampling.choose(where, jg, max_ranks=10) == plan.at(0)
+    seen: set[int] = set()
+    for t in range(12):
+        watched = plan.at(t)
+        assert len(watched) == 10 and set(plan.anchors) <= set(watched)
+        seen |= {i for i, g in enumerate(jg.dp) if set(g) & set(watched)}
+    assert seen == set(range(32))
+    sample, fresh = sampling.Sampler(max_ranks=10).update(where, jg)
+    assert fresh and sample.plan == plan and sample.at(3) == plan.at(3)

@@ -1,6 +1,8 @@
 """The real operator (kopf) against kmock with real node agents over rings of the real plugin:
 a stalled rank opens a Diagnosis that is analysed to the right culprit; a healthy job opens
-none; an unreachable agent is reported in the TrainingJob's conditions, not fatal.
+none; an unreachable agent is reported in the TrainingJob's conditions, not fatal; with more
+DP groups than ``maxRanks`` the watched ranks rotate over them; a second slowdown on a
+communicator opens a second Diagnosis once the first one's episode ended.
 
 Two agents (``agent.Agent`` on 127.0.0.1, port 0) play nodes ``node-a`` (ranks 0, 1) and
 ``node-b`` (ranks 2, 3); the directory maps node names to their URLs. Pods and the TrainingJob
@@ -36,7 +38,9 @@ pytestmark = [
 ]
 
 FAST = settings.Settings(
-    trigger=settings.TriggerLoopSettings(interval_s=0.2, window_s=5.0, rediscover_s=0.5),
+    trigger=settings.TriggerLoopSettings(
+        interval_s=0.2, window_s=5.0, rediscover_s=0.5, episode_quiet_ticks=3
+    ),
     agents=settings.AgentSettings(timeout_s=0.5, retries=0),
     diagnosis_window_s=10.0,
 )
@@ -130,7 +134,7 @@ def job(tmp_path: pathlib.Path, plugin_rank: Any) -> Iterator[Job]:
         a.stop()
 
 
-def cluster(harness: Any, parallelism: dict[str, int] | None = None) -> None:
+def cluster(harness: Any, parallelism: dict[str, int] | None = None, max_ranks: int = 2) -> None:
     ns = harness.NS
     k = harness.k
     job_ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "llama", "uid": "uid-job",
@@ -155,7 +159,7 @@ def cluster(harness: Any, parallelism: dict[str, int] | None = None) -> None:
     }
     if parallelism is not None:
         spec["parallelism"] = parallelism
-        spec["diagnosis"] = {"sampling": {"maxRanks": 2}}
+        spec["diagnosis"] = {"sampling": {"maxRanks": max_ranks}}
     k.objects[harness.TJ, ns, JOB] = {
         "apiVersion": "collscope.dev/v1alpha1", "kind": "TrainingJob",
         "metadata": {"name": JOB, "namespace": ns, "uid": "uid-tj", "resourceVersion": "1"},
@@ -381,3 +385,100 @@ async def test_flight_recorder_gaps_are_notes(job: Job) -> None:
     assert notes[3].startswith("rank 1 on node-a: no Flight Recorder dump: pid ")
     assert notes[3].endswith("TORCH_NCCL_DEBUG_INFO_PIPE_FILE is not set")
     assert len(notes) == 4
+
+
+async def test_the_sample_rotates_over_more_dp_groups_than_max_ranks(
+    harness: Any, job: Job
+) -> None:
+    # Declared tp=2, dp=2: DP groups {0, 2} and {1, 3}; maxRanks 1: the one slot visits each
+    # group for 3 ticks (analysis.rotation: dwell = the trigger's repeat ticks), so both are
+    # watched within 6 ticks (1.2 s at FAST's 0.2 s), one rank at a time, and no alarm rises.
+    cluster(harness, parallelism={"tp": 2, "dp": 2}, max_ranks=1)
+    healthy_steps(job, 3)
+    watched: list[tuple[int, ...]] = []
+    async with harness.run(FAST, directory(job.urls)) as memo:
+        for _ in range(30):  # ~4.5 s of ticks while the job keeps completing steps
+            healthy_steps(job, 1)
+            rt = memo.jobs.get(("ml", JOB))
+            if rt is not None and rt.state is not None and len(rt.state.sampled):  # ranks known
+                watched.append(tuple(rt.state.sampled.tolist()))
+            await _sleep(0.15)
+        rt = memo.jobs[("ml", JOB)]
+        assert rt.sampler.current is not None
+        plan = rt.sampler.current.plan
+        assert (plan.anchors, plan.slots, plan.period_ticks) == ((), 1, 6)
+        assert sorted(plan.rotation) in ([0, 1], [0, 3], [1, 2], [2, 3])
+        status = tj_status(harness)
+        assert len(status["sampledRanks"]) == 1
+        assert memo.metrics.value("collscope_operator_triggers_total", {"kind": "slow"}) == 0
+    assert {len(w) for w in watched} == {1}
+    assert {w[0] for w in watched} == set(plan.rotation)  # each group's rank in turn
+    assert diagnoses(harness) == []
+
+
+class ScriptedTrigger:
+    """Stands in for a job's ``analysis.trigger.TriggerState`` (the same three members the loop
+    uses): reports a slowdown on the job's only communicator (index 0) while ``slow`` is set.
+    The trigger rules have their own tests; this one is about what the loop does with them."""
+
+    def __init__(self, sampled: Any) -> None:
+        self.sampled = sampled
+        self.slow = False
+        self.updates = 0
+
+    def watch(self, sampled: tuple[int, ...], view: Any = None) -> None:
+        import numpy as np
+
+        self.sampled = np.asarray(sorted(sampled), dtype=np.int32)
+
+    def update(self, view: Any, t_ns: int) -> Any:
+        from collscope.operator.analysis import trigger
+
+        self.updates += 1
+        if not self.slow:
+            return None
+        return trigger.TriggerResult(
+            "slow", t_ns, t_ns, t_ns - 1_000_000_000, (2,), 0, None, "scripted slowdown"
+        )
+
+
+async def test_a_second_slowdown_on_a_communicator_opens_a_second_diagnosis(
+    harness: Any, job: Job
+) -> None:
+    cluster(harness)
+    healthy_steps(job, 5)
+    async with harness.run(FAST, directory(job.urls)) as memo:
+        # Once the ranks are known and sampled (the sample, and with it the state, stays).
+        rt = await harness.until(
+            lambda: (r := memo.jobs.get(("ml", JOB))) and r.state is not None
+            and len(r.state.sampled) == 4 and r
+        )  # fmt: skip
+        fake = rt.state = ScriptedTrigger(rt.state.sampled)
+        await harness.until(lambda: fake.updates > 0)
+        assert rt.state is fake
+
+        async def ticks(n: int) -> None:
+            start = fake.updates
+            await harness.until(lambda: fake.updates >= start + n)
+
+        fake.slow = True
+        (first,) = await harness.until(lambda: diagnoses(harness))
+        await ticks(6)  # still slow: the same episode, no new Diagnosis
+        assert len(diagnoses(harness)) == 1
+        fake.slow = False
+        await ticks(5)  # > episode_quiet_ticks (3): the first slowdown is over
+        fake.slow = True
+        await harness.until(lambda: len(diagnoses(harness)) == 2)
+        await ticks(3)
+        got = diagnoses(harness)
+        assert len(got) == 2
+        names = {d["metadata"]["name"] for d in got}
+        second = next(d for d in got if d["metadata"]["name"] != first["metadata"]["name"])
+        comm = first["spec"]["incident"].split("@")[0]
+        assert comm.startswith("slow/0x") and second["spec"]["incident"].startswith(comm + "@")
+        assert first["spec"]["incident"] != second["spec"]["incident"]
+        assert all(d["spec"]["trigger"] == "slow" for d in got)
+        assert memo.metrics.value("collscope_operator_triggers_total", {"kind": "slow"}) == 2
+        status = tj_status(harness)
+        assert status["lastTrigger"]["diagnosis"] == second["metadata"]["name"]
+        assert set(rt.watched_when) == names  # each analysis replays what its trigger watched
