@@ -133,6 +133,16 @@ class Baselines:
             return floor_ns
         return max(floor_ns, int(k * float(np.percentile(np.fromiter(d, dtype=np.int64), 99))))
 
+    def durations_seen(self, comm: int) -> int:
+        """How many recent durations of the communicator are known (up to ``history``)."""
+        d = self._durations.get(comm)
+        return len(d) if d else 0
+
+    def duration_quantile_ns(self, comm: int, q: float) -> int | None:
+        """Quantile ``q`` (0..1) of the communicator's recent operation durations."""
+        d = self._durations.get(comm)
+        return int(np.quantile(np.fromiter(d, dtype=np.int64), q)) if d else None
+
     def median_duration_ns(self, comm: int) -> int | None:
         """Median recent duration of the communicator's operations (rare stalls do not move it)."""
         d = self._durations.get(comm)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from collscope.nodeagent.bundle import tables
 from collscope.operator.analysis import (
+    clocks,
     diagnosis,
     failure,
     groups,
@@ -32,6 +33,7 @@ from collscope.operator.analysis import (
     inflight,
     liveness,
     placement,
+    progress,
     rotation,
     straggler,
     trigger,
@@ -49,7 +51,10 @@ class AnalysisSettings:
     max_sampled: int = 10  # Mycroft §4.3: at most 10 ranks watched continuously
     hang_window_s: float = 2.0  # Δ of the failure window (t - Δ, t] (Mycroft §5.1)
     hang_lookback_s: float = 1.0  # ... reaching at least this far before the stall began
-    slow_baseline_s: float = 4.0  # history before a slowdown its baseline is learned from
+    slow_baseline_s: float = 4.0  # history before a slowdown its baseline is learned from ...
+    slow_baseline_periods: float = 4.0  # ... and at least this many steps of the job: late
+    # starts and transfer times are compared with the same rounds before, and a job with 10 s
+    # steps has none in 4 s (the step period is the trigger's, ``baseline.period_ns``)
     trigger: trigger.TriggerSettings = field(default_factory=trigger.TriggerSettings)
     failure: failure.FailureSettings = field(default_factory=failure.FailureSettings)
     straggler: straggler.StragglerSettings = field(default_factory=straggler.StragglerSettings)
@@ -65,9 +70,11 @@ def diagnose(
     span = bundle.time_span()
     if span is None:
         return diagnosis.Diagnosis(anomaly=False, evidence=["the bundle holds no records"])
-    grp = groups.build(bundle)
     where = placement.Placement.of(bundle.job)
     observed = bundle  # with its liveness rows, which the cuts below leave out
+    # Cross-node comparisons need one clock: offsets estimated from the data (``clocks``).
+    bundle = clocks.aligned(bundle, clocks.estimate(bundle, where))
+    grp = groups.build(bundle)
     plan = (  # Mycroft's sample, rotated over the DP groups when they outnumber it
         rotation.fixed(sampled)
         if sampled is not None
@@ -82,7 +89,6 @@ def diagnose(
     first, last = span
     step = int(settings.tick_s * NS)
     ticks = [*range(first + step, last, step), last]
-    hit = None
     for i, t in enumerate(ticks):
         state.watch(plan.at(i), watched)
         hit = state.update(watched, t)
@@ -91,22 +97,22 @@ def diagnose(
         seen = plan.last_seen(i, hit.ranks) if hit.kind == "slow" else None
         if seen is not None:  # a rank that rotated in: the slowdown may predate its visit
             hit = dataclasses.replace(hit, since_ns=min(hit.since_ns, first + (seen + 1) * step))
-        break
-    if hit is None:
-        return diagnosis.Diagnosis(
-            anomaly=False,
-            evidence=[
-                f"replayed {(last - first) / NS:.1f} s in {len(ticks)} ticks of "
-                f"{settings.tick_s:g} s on {plan.describe()} "
-                f"({len(grp.of_kind('dp'))} DP groups, {len(grp.comms)} communicators): no "
-                f"operation stalled past its threshold and no throughput, interval or CCL-D "
-                f"slowdown ratio alarm held {settings.trigger.repeat_ticks} ticks in a row"
-            ],
-        )
-    return _root_cause(
-        bundle, hit, grp=grp, where=where, settings=settings, interval=interval,
-        observed=observed,
-    )  # fmt: skip
+        found = _root_cause(
+            bundle, hit, grp=grp, where=where, settings=settings, interval=interval,
+            observed=observed, period=state.base.period_ns() or 0,
+        )  # fmt: skip
+        if found is not None:
+            return found
+    return diagnosis.Diagnosis(
+        anomaly=False,
+        evidence=[
+            f"replayed {(last - first) / NS:.1f} s in {len(ticks)} ticks of "
+            f"{settings.tick_s:g} s on {plan.describe()} "
+            f"({len(grp.of_kind('dp'))} DP groups, {len(grp.comms)} communicators): no "
+            f"operation stalled past its threshold and no throughput, interval or CCL-D "
+            f"slowdown ratio alarm held {settings.trigger.repeat_ticks} ticks in a row"
+        ],
+    )
 
 
 def _root_cause(
@@ -118,9 +124,14 @@ def _root_cause(
     settings: AnalysisSettings,
     interval: int,
     observed: tables.Bundle | None = None,
-) -> diagnosis.Diagnosis:
+    period: int = 0,
+) -> diagnosis.Diagnosis | None:
+    """The diagnosis of the trigger ``hit``, or None when a hang trigger turned out to be a
+    wait on ranks that are still moving and no slowdown stands out yet (replay goes on)."""
     t = hit.tick_ns
-    finding: failure.Finding | None
+    kind = hit.kind
+    evidence = [f"trigger ({hit.kind}): {hit.reason}"]
+    finding: failure.Finding | None = None
     if hit.kind == "hang":
         since = min(
             t - int(settings.hang_window_s * NS), hit.since_ns - int(settings.hang_lookback_s * NS)
@@ -137,8 +148,25 @@ def _root_cause(
             interval_ns=interval,
             hint=hint,
         )
-    else:
-        base_from = hit.since_ns - int(settings.slow_baseline_s * NS)
+        if finding is not None and finding.category is diagnosis.Category.HANG_NOT_ENTERED:
+            late = sorted({c.rank for c in finding.culprits if c.rank is not None})
+            busy = progress.moving(bundle, late, since_ns=hit.since_ns, t_ns=t)
+            if late and busy >= set(late):
+                kind, finding = "slow", None
+                evidence.append(
+                    f"the waiters wait on rank(s) {late}, which kept completing operations or "
+                    f"moving chunks in the last {(t - hit.since_ns) / 2 / NS:.1f} s: not stuck "
+                    f"(CCL-D H1 needs no increment of their operation counter) but late, so "
+                    f"the stall is judged as a slowdown"
+                )
+            elif late and progress.within_usual_gaps(
+                bundle, late, t_ns=t, k=settings.trigger.hang_k
+            ) >= set(late):
+                return None  # silent no longer than their own compute phases: not stuck yet
+    if kind == "slow":
+        base_from = hit.since_ns - max(
+            int(settings.slow_baseline_s * NS), int(settings.slow_baseline_periods * period)
+        )
         window = view.select(bundle, since_ns=base_from, until_ns=t)
         finding = straggler.analyze(
             window,
@@ -149,11 +177,17 @@ def _root_cause(
             interval_ns=interval,
             settings=settings.straggler,
         )
-    evidence = [f"trigger ({hit.kind}): {hit.reason}"]
+        if finding is None and hit.kind == "hang":
+            return None
+        if finding is None and t - hit.since_ns < hit.since_ns - base_from:
+            # No culprit stands out yet: wait while the slow window is shorter than its
+            # baseline (a step-long job shows one late round per step; "constant" late starts
+            # need several). A slowdown that persists that long without a culprit is reported.
+            return None
     if finding is None:
         return diagnosis.Diagnosis(
             anomaly=True,
-            trigger=hit.kind,
+            trigger=kind,
             detected_at=hit.at_ns,
             confidence=0.1,
             culprits=[where.culprit(r, component="software", score=0.1) for r in hit.ranks],
@@ -168,7 +202,7 @@ def _root_cause(
     hardware = hwsamples.notes(window, top, where) if top is not None else []
     return diagnosis.Diagnosis(
         anomaly=True,
-        trigger=hit.kind,
+        trigger=kind,
         detected_at=hit.at_ns,
         category=finding.category.value.name,
         culprits=finding.culprits,

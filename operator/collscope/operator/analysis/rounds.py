@@ -61,12 +61,20 @@ class Rounds:
         return self.end - self.start
 
 
-def build(ops: tables.Table) -> Rounds:
-    """Rounds of the given op rows (any subset of ``Bundle.ops``)."""
+def build(ops: tables.Table, history: tables.Table | None = None) -> Rounds:
+    """Rounds of the given op rows (any subset of ``Bundle.ops``).
+
+    ``history``: op rows before them (same table), used only for ``own``: a window's first
+    round of a communicator then knows the rank's previous round of it, so a late start at the
+    window's edge is judged like any other.
+    """
     if len(ops) == 0:
         z = np.zeros(0, dtype=np.int64)
         return Rounds(*([z] * 20))
-    own = _own(ops)
+    if history is not None and len(history):
+        own = _own(np.concatenate([history, ops]))[len(history) :]
+    else:
+        own = _own(ops)
     order = np.lexsort((ops["rank"], ops["seq"], ops["comm"]))
     o = ops[order]
     own = own[order]

@@ -87,19 +87,21 @@ def late_starts(
     spread = by_key(base, base.r_start_max - base.r_start_min)
     out = np.zeros(len(ranks))
     multi = np.flatnonzero((win.r_n >= 2) & ~np.isin(win.r_op, sorted(p2p_ops)))
-    took: Counter[tuple[int, int]] = Counter()
-    late: Counter[tuple[int, int]] = Counter()
+    # Shares are counted per (comm, op, bytes): a ReduceScatter and the AllGather that follows
+    # it at once on the same communicator are different rounds of one step, and only the first
+    # can start late.
+    took: Counter[tuple[int, Key]] = Counter()
+    late: Counter[tuple[int, Key]] = Counter()
     for i in multi.tolist():
+        k = (int(win.r_comm[i]), int(win.r_op[i]), int(win.r_bytes[i]))
         lo, n = int(win.r_lo[i]), int(win.r_n[i])
         for r in win.rank[lo : lo + n].tolist():
-            took[(r, int(win.r_comm[i]))] += 1
-        lo, n = int(win.r_lo[i]), int(win.r_n[i])
+            took[(r, k)] += 1
         st = win.start[lo : lo + n]
         own = win.own[lo : lo + n]
         j = int(np.argmax(st))
         others = np.delete(np.arange(n), j)
         lateness = float(st[j] - np.median(st[others]))
-        k = (int(win.r_comm[i]), int(win.r_op[i]), int(win.r_bytes[i]))
         if lateness <= max(late_min_ns, late_factor * spread.get(k, late_min_ns)):
             continue
         known = own[others] >= 0
@@ -107,7 +109,7 @@ def late_starts(
             continue
         if float(own[j] - np.median(own[others][known])) < explained_share * lateness:
             continue  # it spent the time waiting inside other operations: explained
-        late[(int(win.rank[lo + j]), int(win.r_comm[i]))] += 1
+        late[(int(win.rank[lo + j]), k)] += 1
     for (r, c), n_late in late.items():
         if n_late >= min_share * took[(r, c)]:
             _add(out, ranks, np.asarray([r], dtype=np.int64), float(n_late))

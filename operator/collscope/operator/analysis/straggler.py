@@ -66,8 +66,9 @@ def analyze(
     """Root cause of a slowdown in (since, t] against the baseline (base_from, since]."""
     s = settings
     ops = bundle.ops
-    win = rounds.build(ops[(ops["end"] > since_ns) & (ops["end"] <= t_ns)])
-    base = rounds.build(ops[(ops["end"] > base_from_ns) & (ops["end"] <= since_ns)])
+    before = ops[(ops["end"] > base_from_ns) & (ops["end"] <= since_ns)]
+    win = rounds.build(ops[(ops["end"] > since_ns) & (ops["end"] <= t_ns)], history=before)
+    base = rounds.build(before)
     ranks = bundle.ranks.astype(np.int64)
     if len(win) == 0 or len(ranks) == 0:
         return None

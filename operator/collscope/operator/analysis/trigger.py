@@ -46,7 +46,11 @@ NS = 1_000_000_000
 class TriggerSettings:
     """Trigger thresholds. Seconds in ``_s`` fields; ratios are plain numbers."""
 
-    window_s: float = 2.0  # Δ of Algorithm 1: ~10 iterations of a typical job, one pull
+    window_s: float = 2.0  # Δ of Algorithm 1: ~10 iterations of a typical job, one pull ...
+    # ... and at least this many iteration periods (baseline.period_ns) of the job at hand:
+    # throughput and op intervals are only comparable over whole steps; three steps keep one
+    # late step from halving the throughput on its own.
+    window_periods: float = 3.0
     state_interval_s: float = 0.1  # agent sampling period, used when the bundle cannot tell
     state_max_age_intervals: float = 2.0  # a state older than this (and a live rank): not current
     hang_floor_s: float = 1.5  # stall threshold floor: above a 1 s proxy hiccup (Mycroft #7)
@@ -61,13 +65,19 @@ class TriggerSettings:
     slow_theta: float = 3.0  # CCL-D θ_slow ("in practice usually close to 3")
     slow_min_excess_s: float = 0.01  # Tmax - Tbase must also exceed this (jitter of ms ops)
     base_rounds: int = 100  # CCL-D m_max
+    # Tbase averages at least this many rounds: the standard error of a mean of per-round
+    # maxima shrinks with sqrt(m); at 10 it is a third of one round's spread (see baseline).
+    base_min_rounds: int = 3
     base_span_s: float = 3.0  # CCL-D: rounds of the first 2 min; a run here lasts seconds
     repeat_ticks: int = 3  # consecutive slow ticks before firing (CCL-D repetition counter)
+    repeat_rounds: int = 3  # the ratio rule: this many consecutive slow rounds of one key
     stall_pause_fraction: float = 0.5  # stalled > this x hang floor: slow checks pause
     episode_floor_s: float = 0.5  # a stall this long that then resolves is an episode ...
-    episode_k: float = 4.0  # ... and longer than k x the median of the comm's op durations
+    episode_k: float = 4.0  # ... and longer than k x the usual (p90) op duration of the comm
+    episode_quantile: float = 0.9
     episode_repeat: int = 2  # this many episodes within episode_window_s: slow (bursty)
     episode_window_s: float = 8.0
+    episode_min_history: int = 8  # completions of the comm seen before its stalls are judged
 
 
 @dataclass(frozen=True)
@@ -102,12 +112,16 @@ class TriggerState:
             base_rounds=settings.base_rounds,
             base_span_ns=int(settings.base_span_s * NS),
             normal_history=settings.normal_history_ticks,
+            base_min_rounds=settings.base_min_rounds,
+            barrier_max_bytes=settings.barrier_max_bytes,
         )
         self._seen_ns: int | None = None
         self._first_ns: dict[int, int] = {}
         self._streak = 0
         self._streak_since: int | None = None
         self._streak_reason = ""
+        # (comm, op, bytes) -> seq -> (slow?, first start): the ratio rule's round verdicts
+        self._round_slow: dict[tuple[int, int, int], dict[int, tuple[bool, int]]] = {}
         self._prev_ns: int | None = None
         self._episodes: dict[tuple[int, int, int], tuple[int, int]] = {}  # key -> (start, idle)
         self._away: dict[int, tuple[int, int | None]] = {}  # rank -> (left at, first ts)
@@ -131,6 +145,11 @@ class TriggerState:
         if stalled_any:
             return None  # paused: neither counts nor resets the streak
         return self._slow(ops, t_ns) or self._bursty(t_ns)
+
+    def window_ns(self) -> int:
+        """Δ of Algorithm 1: ``window_s``, stretched to ``window_periods`` steps of the job."""
+        period = self.base.period_ns() or 0
+        return max(int(self.s.window_s * NS), int(self.s.window_periods * period))
 
     def watch(self, sampled: tuple[int, ...], view: tables.Bundle | None = None) -> None:
         """Change the sampled ranks between two ``update`` calls (``rotation``'s moving sample).
@@ -253,8 +272,17 @@ class TriggerState:
         floor = int(self.s.episode_floor_s * NS)
         for i in np.flatnonzero(idle >= floor).tolist():
             comm = int(st["comm"][i])
-            med = self.base.median_duration_ns(comm) or 0
-            if idle[i] < self.s.episode_k * med:
+            # A stall is only abnormal against what this communicator's operations usually
+            # take; before that is known (a job's first steps, where a pipeline stage waits
+            # a whole forward pass for its input) it says nothing.
+            if self.base.durations_seen(comm) < self.s.episode_min_history:
+                continue
+            # Against the comm's p90, not its median: a pipeline receive waits a whole forward
+            # pass of the previous stage once per step (one receive in a few), every step;
+            # that is the schedule, not an episode. A proxy that sleeps now and then stays
+            # above the p90 of operations that take milliseconds.
+            usual = self.base.duration_quantile_ns(comm, self.s.episode_quantile) or 0
+            if idle[i] < self.s.episode_k * usual:
                 continue
             key = (int(st["rank"][i]), comm, int(st["seq"][i]))
             start = int(st["ts"][i]) - int(idle[i])
@@ -299,7 +327,8 @@ class TriggerState:
     # -- slow ----------------------------------------------------------------------------------
     def _slow(self, ops: tables.Table, t_ns: int) -> TriggerResult | None:
         s = self.s
-        win_ns = int(s.window_s * NS)
+        win_ns = self.window_ns()
+        win_s = win_ns / NS
         w = ops[ops["ts"] > t_ns - win_ns]
         full = [r for r, f in self._first_ns.items() if f <= t_ns - win_ns]
         findings: list[tuple[int, int, int, int, str]] = []  # (since, rank, comm, seq, text)
@@ -307,7 +336,7 @@ class TriggerState:
         int_now: dict[tuple[int, int], float] = {}
         for r in full:
             mine = w[w["rank"] == r]
-            thr = float(mine["bytes"].sum()) / s.window_s
+            thr = float(mine["bytes"].sum()) / win_s
             thr_now[r] = thr
             normal = self.base.normal_throughput(r, s.normal_min_ticks)
             if normal and thr <= s.throughput_drop * normal:
@@ -386,27 +415,49 @@ class TriggerState:
         np.minimum.at(first, inv, w["start"].astype(np.int64))
         excess_min = self.s.slow_min_excess_s * NS
         ranks = w["rank"].astype(np.int64)
+        members = np.bincount(inv, minlength=len(uk))
         for k in {tuple(x) for x in uk[:, :3].tolist()}:
-            tb = self.base.tbase_ns((k[0], k[1], k[2]))
+            key = (k[0], k[1], k[2])
+            tb = self.base.tbase_ns(key)
             if tb is None or tb <= 0:
                 continue
             m = np.flatnonzero((uk[:, 0] == k[0]) & (uk[:, 1] == k[1]) & (uk[:, 2] == k[2]))
+            # Judge only rounds every sampled member has completed (a partial round's Tmax
+            # still grows), and remember each verdict by sequence number.
+            m = m[members[m] == members[m].max()]
+            slow = ((tmax[m] - tb) / tb > self.s.slow_theta) & (tmax[m] - tb > excess_min)
+            seen = self._round_slow.setdefault(key, {})
+            for q, v, f in zip(uk[m, 3].tolist(), slow.tolist(), first[m].tolist(), strict=True):
+                seen[int(q)] = (bool(v), int(f))
+            for q in sorted(seen)[: -4 * self.s.repeat_rounds]:
+                del seen[q]
+            # CCL-D's repetition counter counts detections, i.e. rounds: the key is slow when
+            # its latest rounds are slow one after the other. A jittery round, or a wide one
+            # of a job whose arrival spread has a long tail, is followed by ordinary ones.
+            run = 0
+            for q in sorted(seen, reverse=True):
+                if not seen[q][0]:
+                    break
+                run += 1
+            if run < self.s.repeat_rounds:
+                continue
+            since = min(seen[q][1] for q in sorted(seen)[-run:])
             spread = tmax[m] - tmin[m]
             pick = m[np.lexsort((tmax[m], spread))[-1]]
             r_ratio = (float(tmax[pick]) - tb) / tb
-            if r_ratio > self.s.slow_theta and tmax[pick] - tb > excess_min:
-                rows = np.flatnonzero(inv == pick)
-                who = int(ranks[rows[np.argmax(dur[rows])]])
-                out.append(
-                    (
-                        int(first[pick]),
-                        who,
-                        k[0],
-                        int(uk[pick, 3]),
-                        f"comm #{k[0]} seq {int(uk[pick, 3])}: R = {r_ratio:.1f} "
-                        f"(Tmax {tmax[pick] / 1e6:.1f} ms, Tbase {tb / 1e6:.1f} ms)",
-                    )
+            rows = np.flatnonzero(inv == pick)
+            who = int(ranks[rows[np.argmax(dur[rows])]])
+            out.append(
+                (
+                    since,
+                    who,
+                    k[0],
+                    int(uk[pick, 3]),
+                    f"comm #{k[0]} seq {int(uk[pick, 3])}: R = {r_ratio:.1f} "
+                    f"(Tmax {tmax[pick] / 1e6:.1f} ms, Tbase {tb / 1e6:.1f} ms), its last "
+                    f"{run} rounds above theta",
                 )
+            )
         return out
 
 

@@ -71,6 +71,9 @@ class SimConfig:
     start_ns: int = DEFAULT_START_NS
     state_interval_ms: float = 100.0  # the agent samples live state at 10 Hz
     clock_skew_ms: float = 5.0  # max |offset| of each host's clock (spec: tens of ms)
+    # Each rank sampled on its own phase of the interval (agents that poll rings one after the
+    # other, or independent samplers) instead of one grid per node clock.
+    sample_phase: bool = False
     declare_parallelism: bool = True  # write parallelism into job.json (False: analysis infers)
     fabric: Fabric = field(default_factory=Fabric)
     workload: Workload = field(default_factory=Workload)

@@ -3,7 +3,8 @@
 Times arrive as float64 seconds since job start in the job's reference clock (``inf`` =
 never) and leave as int ns on the writing host's clock: ``start_ns + t + offset[node]``, each
 node with a fixed seeded offset in ±``clock_skew_ms``. State records are sampled on a global
-grid of host times ``start_ns + j * state_interval`` (each node on its own clock), for every
+grid of host times ``start_ns + phase + j * state_interval`` (each node on its own clock; the
+phase is 0, or per rank when ``SimConfig.sample_phase`` asks for it), for every
 rank and every op it is in (entry <= tau < end), until the run is cut at ``duration_s``;
 nothing is written at or after the cut, as an agent export would be.
 
@@ -52,11 +53,12 @@ class Clock:
     duration_ns: int
     channels: int
     comm_ids: tuple[str, ...]
+    phase_ns: IntArray | None = None  # [ranks] where each rank's sampling grid starts (0: all)
 
-    @property
-    def samples(self) -> int:
-        """Grid points j with start + j * interval < start + duration."""
-        return -(-self.duration_ns // self.interval_ns)
+    def phase(self, ranks: IntArray) -> IntArray:
+        return (
+            np.zeros(len(ranks), dtype=np.int64) if self.phase_ns is None else self.phase_ns[ranks]
+        )
 
 
 def to_ns(t: FloatArray) -> IntArray:
@@ -159,15 +161,16 @@ def _states(
     started: npt.NDArray[np.bool_],
 ) -> None:
     iv = clk.interval_ns
-    j_lo = np.maximum(_ceil_div(entry + off, iv), 0)
-    j_hi = np.minimum(_ceil_div(end + off, iv), clk.samples)
+    ph = clk.phase(res.rank)  # each rank's grid: start + phase + j * interval (host clock)
+    j_lo = np.maximum(_ceil_div(entry + off - ph, iv), 0)
+    j_hi = np.minimum(_ceil_div(end + off - ph, iv), _ceil_div(clk.duration_ns - ph, iv))
     n_s = np.where(started, np.maximum(j_hi - j_lo, 0), 0)
     total_s = int(n_s.sum())
     if total_s == 0:
         return
     s_mem = np.repeat(np.arange(len(n_s)), n_s)
     s_j = j_lo[s_mem] + np.arange(total_s) - np.repeat(np.cumsum(n_s) - n_s, n_s)
-    tau = s_j * iv - off[s_mem]  # reference-clock ns of each sample
+    tau = s_j * iv + ph[s_mem] - off[s_mem]  # reference-clock ns of each sample
     kdone = (to_ns(res.chan_end)[s_mem] <= tau[:, None]).sum(axis=1)
 
     fl = res.flows
@@ -183,7 +186,7 @@ def _states(
     flows = list(zip(*cols, strict=True)) if cols else []
     bounds = np.concatenate([[0], np.cumsum(nf)]).tolist()
 
-    ts = (clk.start_ns + s_j * iv).tolist()
+    ts = (clk.start_ns + ph[s_mem] + s_j * iv).tolist()
     members = s_mem.tolist()
     kd = kdone.tolist()
     rank = res.rank.tolist()

@@ -45,6 +45,13 @@ def simulate(cfg: config.SimConfig) -> SimResult:
         duration_ns=round(cfg.duration_s * 1e9),
         channels=cfg.channels,
         comm_ids=tuple(c.cid for c in topo.comms),
+        phase_ns=(
+            np.random.default_rng([cfg.seed, 4])
+            .integers(0, round(cfg.state_interval_ms * 1e6), cfg.ranks)
+            .astype(np.int64)
+            if cfg.sample_phase
+            else None
+        ),
     )
     emit.comms(builder, topo, clk)
     _run(cfg, topo, inj, builder, clk)

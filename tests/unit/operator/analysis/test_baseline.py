@@ -89,3 +89,72 @@ def test_normals_need_enough_healthy_ticks() -> None:
     assert b.normal_throughput(0, 3) == 3.0  # median: one odd tick does not move it
     assert b.normal_interval(0, 0, 3) == 30.0
     assert b.normal_throughput(5, 1) is None
+
+
+def test_tbase_waits_for_the_minimum_rounds_past_the_span() -> None:
+    # Rounds 100 ms apart and a 0.05 s span: the span alone would freeze on 1 round; one round's
+    # maximum is one draw of the arrival spread, so at least base_min_rounds are averaged.
+    b = baseline.Baselines(
+        history=8, base_rounds=100, base_span_ns=50 * MS, normal_history=4, base_min_rounds=3
+    )
+    b.learn_ops(_ops([[10, 20], [10, 40]]))
+    assert b.tbase_ns((0, 1, 64)) is None
+    b.learn_ops(_ops([[10, 20], [10, 40], [30, 10], [5, 5]])[4:])
+    assert b.tbase_ns((0, 1, 64)) == pytest.approx(30 * MS)  # mean(20, 40, 30)
+
+
+def _two_ops_per_step(steps: int, step_ms: int) -> tables.Table:
+    """Each step: a ReduceScatter and, 1 ms later, an AllGather on one comm (ranks 0, 1), and a
+    4-byte barrier every step; steps ``step_ms`` apart."""
+    b = tables.BundleBuilder(models.Job(world_size=2))
+    for k in range(steps):
+        t = S + k * step_ms * MS
+        for r in range(2):
+            for seq, op, nbytes, at in (
+                (2 * k, "ReduceScatter", 1 << 20, t),
+                (2 * k + 1, "AllGather", 1 << 20, t + MS),
+            ):
+                b.add_op(
+                    rank=r,
+                    ts=at + MS,
+                    comm="0xa",
+                    seq=seq,
+                    op=op,
+                    nbytes=nbytes,
+                    start=at,
+                    end=at + MS,
+                )
+            b.add_op(
+                rank=r,
+                ts=t + 2 * MS,
+                comm="0xb",
+                seq=k,
+                op="AllReduce",
+                nbytes=4,
+                start=t + MS,
+                end=t + 2 * MS,
+            )
+    ops = b.build().ops
+    return ops[np.argsort(ops["end"], kind="stable")]
+
+
+def test_period_is_the_step_of_the_op_done_once_per_step() -> None:
+    # Keyed by (comm, op, bytes): the RS -> AG gap (1 ms) does not halve the 3 s step, and the
+    # barrier does not count.
+    b = _base()
+    assert b.period_ns() is None
+    b.learn_ops(_two_ops_per_step(3, 3000))
+    assert b.period_ns() is None  # 2 ranks x 2 gaps of each key: fewer than min_gaps (5)
+    b2 = baseline.Baselines(
+        history=64, base_rounds=100, base_span_ns=S, normal_history=4, barrier_max_bytes=4
+    )
+    b2.learn_ops(_two_ops_per_step(8, 3000))
+    assert b2.period_ns() == 3000 * MS
+
+
+def test_duration_quantile_and_count() -> None:
+    b = _base()
+    assert b.durations_seen(0) == 0 and b.duration_quantile_ns(0, 0.9) is None
+    b.learn_ops(_ops([[10, 10], [10, 10], [10, 10], [10, 900]]))
+    assert b.durations_seen(0) == 8
+    assert b.duration_quantile_ns(0, 0.5) == 10 * MS

@@ -47,3 +47,35 @@ def test_progress_after_the_instant_judged_does_not_count() -> None:
 def test_only_the_asked_ranks_are_answered() -> None:
     assert progress.moving(_bundle(), [1, 3], since_ns=10 * S, t_ns=12 * S) == set()
     assert progress.moving(_bundle(), [], since_ns=10 * S, t_ns=12 * S) == set()
+
+
+def _steps(compute_ms: int, steps: int = 8) -> tables.Bundle:
+    """Rank 0: one 10 ms AllReduce after each ``compute_ms`` of compute, from 1 s on."""
+    b = tables.BundleBuilder(models.Job(world_size=1))
+    t = S
+    for k in range(steps):
+        t += compute_ms * MS
+        b.add_op(
+            rank=0,
+            ts=t + 10 * MS,
+            comm="0xa",
+            seq=k,
+            op="AllReduce",
+            nbytes=8,
+            start=t,
+            end=t + 10 * MS,
+        )
+        t += 10 * MS
+    return b.build()
+
+
+def test_silence_within_k_times_its_own_compute_phases_is_not_yet_stuck() -> None:
+    b = _steps(500)  # last op ends at 1 s + 8 x 510 ms = 5.08 s; compute phases of 500 ms
+    last = S + 8 * 510 * MS
+    assert progress.within_usual_gaps(b, [0], t_ns=last + 1_900 * MS, k=4.0) == {0}
+    assert progress.within_usual_gaps(b, [0], t_ns=last + 2_100 * MS, k=4.0) == set()
+
+
+def test_a_rank_with_too_little_history_is_never_excused() -> None:
+    b = _steps(500, steps=3)
+    assert progress.within_usual_gaps(b, [0], t_ns=S + 1_600 * MS, k=4.0) == set()

@@ -173,3 +173,51 @@ def test_steady_pace_never_fires_slow() -> None:
 def test_sampled_ranks_are_kept_sorted() -> None:
     state = trigger.TriggerState((3, 1, 2), SETTINGS)
     assert state.sampled.tolist() == [1, 2, 3] and state.sampled.dtype == np.int32
+
+
+def _wide_rounds(wide: set[int], *, rounds: int = 24, step_ms: int = 500) -> tables.Bundle:
+    """Two ranks, an AllReduce every ``step_ms``: rank 1 enters 5 ms after rank 0 (rank 0's
+    duration, Tmax, 10 ms), except in the ``wide`` rounds where it enters 200 ms late."""
+    b = tables.BundleBuilder(models.Job(world_size=2))
+    for seq in range(rounds):
+        t = S + seq * step_ms * MS
+        late = (200 if seq in wide else 5) * MS
+        end = t + late + 5 * MS
+        for r, start in ((0, t), (1, t + late)):
+            b.add_op(
+                rank=r,
+                ts=end,
+                comm="0xa",
+                seq=seq,
+                op="AllReduce",
+                nbytes=1 << 20,
+                start=start,
+                end=end,
+            )
+    return b.build()
+
+
+def test_one_wide_round_is_jitter_however_long_it_stays_in_the_window() -> None:
+    # R = (205 - 10) / 10 = 19.5 for round 12, and it sits in the window for several ticks;
+    # CCL-D's repetition counter counts rounds, and the rounds after it are ordinary.
+    assert all(hit is None for _, hit in _replay(_wide_rounds({12}), (0, 1)))
+
+
+def test_consecutive_wide_rounds_are_a_slowdown() -> None:
+    ticks = _replay(_wide_rounds(set(range(12, 24))), (0, 1))
+    hit = ticks[-1][1]
+    assert hit is not None and hit.kind == "slow" and hit.comm == 0
+    # Rounds 12..14 are complete by 8.2 s; then three slow ticks in a row: rounds 12..19.
+    assert ticks[-1][0] == 11 * S + 10 * MS  # ticks every second from the first record
+    assert hit.reason == (
+        "comm #0 seq 19: R = 19.5 (Tmax 205.0 ms, Tbase 10.0 ms), its last 8 rounds above theta"
+    )
+    assert hit.since_ns == S + 12 * 500 * MS  # the first slow round of the run
+
+
+def test_window_stretches_to_whole_steps_of_the_job() -> None:
+    state = trigger.TriggerState((0, 1), SETTINGS, interval_ns=100 * MS)
+    assert state.window_ns() == 2 * S  # nothing learned: window_s
+    bundle = _wide_rounds(set(), rounds=10, step_ms=3000)
+    state.update(bundle, bundle.ops["ts"].max())
+    assert state.window_ns() == int(SETTINGS.window_periods * 3 * S)
