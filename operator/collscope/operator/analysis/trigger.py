@@ -144,7 +144,7 @@ class TriggerState:
             return hang
         if stalled_any:
             return None  # paused: neither counts nor resets the streak
-        return self._slow(ops, t_ns) or self._bursty(t_ns)
+        return self._slow(ops, t_ns, now) or self._bursty(t_ns)
 
     def window_ns(self) -> int:
         """Δ of Algorithm 1: ``window_s``, stretched to ``window_periods`` steps of the job."""
@@ -325,7 +325,9 @@ class TriggerState:
         )
 
     # -- slow ----------------------------------------------------------------------------------
-    def _slow(self, ops: tables.Table, t_ns: int) -> TriggerResult | None:
+    def _slow(
+        self, ops: tables.Table, t_ns: int, now: inflight.InFlight | None = None
+    ) -> TriggerResult | None:
         s = self.s
         win_ns = self.window_ns()
         win_s = win_ns / NS
@@ -368,6 +370,12 @@ class TriggerState:
                             f"#{c} {iv / 1e6:.1f} ms, normal {ni / 1e6:.1f} ms",
                         )
                     )
+        if findings and not self._waited(w, now, t_ns):
+            # Throughput fell and completions spaced out, but no watched rank waited inside a
+            # collective longer than usual: every rank paused outside communication (a
+            # checkpoint, an evaluation pass, a data stall of the whole job). That is the job's
+            # schedule, not a collective slowdown, and no rank could be named for it.
+            findings = []
         findings += self._ratio(w)
         if not findings:
             self._streak, self._streak_since = 0, None
@@ -389,6 +397,26 @@ class TriggerState:
             seq=top[3] if top[3] >= 0 else None,
             reason="; ".join(f[4] for f in findings[:4]),
         )
+
+    def _waited(self, w: tables.Table, now: inflight.InFlight | None, t_ns: int) -> bool:
+        """Did a watched rank spend longer inside an operation than its communicator's usual
+        (``interval_growth`` x its p90 duration, plus ``slow_min_excess_s``)? Completed ops of
+        the window and ops in flight at ``t`` both count."""
+        s = self.s
+        excess = int(s.slow_min_excess_s * NS)
+
+        def too_long(comm: int, dur: int) -> bool:
+            usual = self.base.duration_quantile_ns(comm, s.episode_quantile)
+            return usual is None or dur > s.interval_growth * usual + excess
+
+        for c, d in zip(w["comm"].tolist(), (w["end"] - w["start"]).tolist(), strict=True):
+            if too_long(int(c), int(d)):
+                return True
+        if now is not None:
+            for c, st in zip(now.comm.tolist(), now.start.tolist(), strict=True):
+                if too_long(int(c), t_ns - int(st)):
+                    return True
+        return False
 
     def _ratio(self, w: tables.Table) -> list[tuple[int, int, int, int, str]]:
         """CCL-D eq. 2-3 per (comm, op, bytes) over the window's rounds."""

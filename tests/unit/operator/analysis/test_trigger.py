@@ -135,12 +135,16 @@ def test_rank_completing_work_elsewhere_is_not_hung() -> None:
     assert hit is None or hit.kind != "hang"
 
 
-def _slowing(slow_from_s: float, end_s: float) -> tables.Bundle:
-    """Two ranks, an AllReduce every 100 ms, every 400 ms from ``slow_from_s`` on."""
+def _slowing(slow_from_s: float, end_s: float, *, waits: bool = True) -> tables.Bundle:
+    """Two ranks, an AllReduce every 100 ms taking 10 ms; from ``slow_from_s`` on one every
+    400 ms. With ``waits`` rank 1 is the cause: it enters 300 ms late and rank 0 waits inside
+    the operation for it; without, both pause outside operations alike (a checkpoint)."""
     b = tables.BundleBuilder(models.Job(world_size=2))
     t, seq = S, 0
     while t < end_s * S:
+        slow = t >= slow_from_s * S
         for r in range(2):
+            start = t - (300 * MS if slow and waits and r == 0 else 0)
             end = t + 10 * MS
             b.add_op(
                 rank=r,
@@ -149,10 +153,10 @@ def _slowing(slow_from_s: float, end_s: float) -> tables.Bundle:
                 seq=seq,
                 op="AllReduce",
                 nbytes=1 << 20,
-                start=t,
+                start=start,
                 end=end,
             )
-        t += (400 if t >= slow_from_s * S else 100) * MS
+        t += (400 if slow else 100) * MS
         seq += 1
     return b.build()
 
@@ -164,6 +168,11 @@ def test_slowdown_fires_after_repeated_slow_ticks() -> None:
     assert t >= 7 * S + (SETTINGS.repeat_ticks - 1) * S  # not on the first slow tick
     assert 5 * S <= hit.since_ns <= t and hit.at_ns == t
     assert set(hit.ranks) <= {0, 1} and hit.reason
+
+
+def test_every_rank_pausing_outside_collectives_is_not_a_slowdown() -> None:
+    # Throughput quarters and intervals quadruple, but nobody waits inside an operation.
+    assert all(hit is None for _, hit in _replay(_slowing(7.0, 14.0, waits=False), (0, 1)))
 
 
 def test_steady_pace_never_fires_slow() -> None:
