@@ -37,8 +37,11 @@ def _job(*, slow: str, end_s: float = 16.0) -> tables.Bundle:
             late = comm == "0xb" and t >= SLOW_FROM_S * S
             dur = (100 if late and slow == "duration" else 10) * MS
             for r in members:
+                # "pace": rank 3 is the late one; rank 2 waits 300 ms inside each operation
+                # for it (a pause of both outside operations would be no slowdown at all).
+                start = t - (300 * MS if late and slow == "pace" and r == 2 else 0)
                 b.add_op(rank=r, ts=t + dur, comm=comm, seq=seq, op="AllReduce", nbytes=1 << 20,
-                         start=t, end=t + dur)  # fmt: skip
+                         start=start, end=t + dur)  # fmt: skip
             t += (400 if late and slow == "pace" else 100) * MS
             seq += 1
     return b.build()
