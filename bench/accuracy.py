@@ -6,6 +6,7 @@ confidence that means what it says, and never alarm on a healthy job?
     .venv/bin/python bench/accuracy.py --strip-hw      # the same sweep without hardware samples
     .venv/bin/python bench/accuracy.py --json out.json # also keep every case
     .venv/bin/python bench/accuracy.py --bundles ../shared/eval-dev   # bundles from elsewhere
+    .venv/bin/python bench/accuracy.py --faults nic-slow --duration 16  # one family, longer runs
 
 Two sources of cases. By default each case simulates a job (collscope.operator.simulator) with
 one fault and runs the analysis exactly as `collscope analyze` does (analysis.engine.diagnose on
@@ -84,6 +85,7 @@ class Case:
     ranks: int
     algo: config.Algo
     seed: int
+    duration_s: float = 10.0  # simulated seconds; the fault starts at 5 s (SimConfig.onset_s)
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,7 @@ def run_case(case: Case, *, strip_hw: bool = False) -> Outcome:
         dp_mode="allreduce" if case.algo == "tree" else "rs-ag",
         fault=fault,
         seed=case.seed,
+        duration_s=case.duration_s,
     )
     t0 = time.perf_counter()
     sim = simulator.simulate(cfg)
@@ -427,6 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strip-hw", action="store_true", help="drop hw records before analysis")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--json", default=None, help="write every case's outcome to this file")
+    p.add_argument(
+        "--faults", default="", help="only these simulated faults, comma-separated (none: all)"
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        help="simulated seconds per case (fault at 5 s): longer runs give a rotating sample "
+        "time to visit every DP group (analysis/rotation.py)",
+    )
     args = p.parse_args(argv)
     if args.bundles and args.quick:
         p.error("--quick plans simulated cases; --bundles scores DIR's cases")
@@ -442,9 +455,15 @@ def main(argv: list[str] | None = None) -> int:
         source, variant = f"bundles in {args.bundles}", "shape"
     else:
         cases = plan_cases(QUICK_PLAN if args.quick else FULL_PLAN)
+        wanted = {f for f in args.faults.split(",") if f}
+        cases = [
+            dataclasses.replace(c, duration_s=args.duration)
+            for c in cases
+            if not wanted or c.fault in wanted
+        ]
         # Large cases first so the pool does not end on one long straggler.
         cases.sort(key=lambda c: -c.ranks)
-        families = list(truth.FAULT_NAMES)
+        families = [f for f in truth.FAULT_NAMES if not wanted or f in wanted]
         run, items = functools.partial(run_case, strip_hw=args.strip_hw), cases
         source, variant = "collscope's simulator", "algo"
     outcomes = _map(run, items, args.jobs)
