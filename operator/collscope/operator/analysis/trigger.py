@@ -371,8 +371,8 @@ class TriggerState:
                         )
                     )
         if findings and not self._waited(w, now, t_ns):
-            # Throughput fell and completions spaced out, but no watched rank waited inside a
-            # collective longer than usual: every rank paused outside communication (a
+            # Throughput fell and completions spaced out, but no watched rank waited inside an
+            # operation longer than its baseline: every rank paused outside communication (a
             # checkpoint, an evaluation pass, a data stall of the whole job). That is the job's
             # schedule, not a collective slowdown, and no rank could be named for it.
             findings = []
@@ -399,22 +399,25 @@ class TriggerState:
         )
 
     def _waited(self, w: tables.Table, now: inflight.InFlight | None, t_ns: int) -> bool:
-        """Did a watched rank spend longer inside an operation than its communicator's usual
-        (``interval_growth`` x its p90 duration, plus ``slow_min_excess_s``)? Completed ops of
-        the window and ops in flight at ``t`` both count."""
+        """Did a watched rank spend longer inside an operation than that operation's baseline
+        (``interval_growth`` x its CCL-D Tbase, learned before and then frozen, plus
+        ``slow_min_excess_s``)? Completed ops of the window and ops in flight at ``t`` count;
+        an operation without a baseline yet cannot be cleared, so it counts."""
         s = self.s
-        excess = int(s.slow_min_excess_s * NS)
+        excess = s.slow_min_excess_s * NS
 
-        def too_long(comm: int, dur: int) -> bool:
-            usual = self.base.duration_quantile_ns(comm, s.episode_quantile)
-            return usual is None or dur > s.interval_growth * usual + excess
+        def too_long(key: tuple[int, int, int], dur: int) -> bool:
+            tb = self.base.tbase_ns(key)
+            return tb is None or dur > s.interval_growth * tb + excess
 
-        for c, d in zip(w["comm"].tolist(), (w["end"] - w["start"]).tolist(), strict=True):
-            if too_long(int(c), int(d)):
+        keys = zip(w["comm"].tolist(), w["op"].tolist(), w["bytes"].tolist(), strict=True)
+        for k, d in zip(keys, (w["end"] - w["start"]).tolist(), strict=True):
+            if too_long((int(k[0]), int(k[1]), int(k[2])), int(d)):
                 return True
         if now is not None:
-            for c, st in zip(now.comm.tolist(), now.start.tolist(), strict=True):
-                if too_long(int(c), t_ns - int(st)):
+            keys = zip(now.comm.tolist(), now.op.tolist(), now.nbytes.tolist(), strict=True)
+            for k, st in zip(keys, now.start.tolist(), strict=True):
+                if too_long((int(k[0]), int(k[1]), int(k[2])), t_ns - int(st)):
                     return True
         return False
 
