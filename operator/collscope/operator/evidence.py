@@ -116,10 +116,10 @@ async def collect_flight_recorder(
 def _incident_members(
     rt: jobs.JobRuntime, spec: Mapping[str, Any], result: diagnosis.Diagnosis
 ) -> list[int]:
-    """Members of the communicator named by the incident (``hang/<comm>/<seq>``) or by the
-    culprits; empty when the operator does not know it."""
+    """Members of the communicator named by the incident (``hang/<comm>/<seq>``,
+    ``slow/<comm>@<ms>``) or by the culprits; empty when the operator does not know it."""
     parts = str(spec.get("incident") or "").split("/")
-    comms = {parts[1]} if len(parts) > 1 else set()
+    comms = {parts[1].split("@")[0]} if len(parts) > 1 else set()
     comms |= {c.comm for c in result.culprits if c.comm}
     return sorted({int(m) for c in rt.groups.comms if c.comm_id in comms for m in c.members})
 

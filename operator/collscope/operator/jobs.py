@@ -214,6 +214,13 @@ class JobRuntime:
         p = self.sampler.current.plan if self.sampler.current is not None else None
         return max(floor, 0 if p is None else p.period_ticks + p.dwell_ticks)
 
+    def diagnosis_window_s(self, base_s: float, tick_s: float) -> float:
+        """History its Diagnosis pulls: ``base_s``, plus one rotation period when the sample
+        rotates, because a slowdown first seen by a rank that rotated in may be that much older
+        than the trigger, and its analysis learns its baselines from before it."""
+        p = self.sampler.current.plan if self.sampler.current is not None else None
+        return base_s + (p.period_ticks * tick_s if p is not None and p.rotation else 0.0)
+
     def slow_incident(self, comm_id: str | None, hit: trigger.TriggerResult, quiet: int) -> str:
         """The incident of a slow trigger at this tick: its communicator's open episode.
 

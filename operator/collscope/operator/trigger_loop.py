@@ -244,6 +244,7 @@ async def tick(
                 last_trigger = await _open_incident(
                     memo, rt=rt, namespace=namespace, name=name, uid=uid, hit=hit, comm=comm,
                     cfg=cfg, logger=logger, body=body,
+                    tick_s=max(every_s, cfg.trigger.interval_s),
                 )  # fmt: skip
             rt.advance()
     note_failures(memo, unreachable)
@@ -270,6 +271,7 @@ async def _open_incident(
     cfg: settings.Settings,
     logger: Logger,
     body: kopf.Body,
+    tick_s: float,
 ) -> dict[str, Any] | None:
     """Create the incident's Diagnosis once; the ``lastTrigger`` status entry when new."""
     if hit.kind == "slow":
@@ -282,7 +284,8 @@ async def _open_incident(
     detected = datetime.datetime.fromtimestamp(hit.at_ns / NS, datetime.UTC)
     doc = jobs.diagnosis_body(
         namespace, name, uid, trigger_kind=hit.kind, incident=incident,
-        detected_at=status.timestamp(detected), window_s=cfg.diagnosis_window_s,
+        detected_at=status.timestamp(detected),
+        window_s=rt.diagnosis_window_s(cfg.diagnosis_window_s, tick_s),
     )  # fmt: skip
     api: kube.Cluster = memo.kube
     try:

@@ -179,3 +179,15 @@ def test_quiet_ticks_cover_a_whole_rotation() -> None:
     rt.resample(trigger.TriggerSettings(), groups.declared(groups.parse("tp=4,dp=2"), 8))
     assert rt.quiet_ticks(2) == 6 + 3  # period + one visit: each group's watchers had a visit
     assert rt.quiet_ticks(10) == 10
+
+
+def test_diagnosis_window_reaches_back_one_rotation_period() -> None:
+    rt = _runtime(8, 2)
+    assert rt.diagnosis_window_s(10.0, 1.0) == 10.0  # no plan yet
+    rt.set_max_ranks(2)
+    rt.resample(trigger.TriggerSettings(), groups.declared(groups.parse("tp=4,dp=2"), 8))
+    assert rt.diagnosis_window_s(10.0, 1.0) == 10.0 + 6  # period 6 ticks of 1 s
+    assert rt.diagnosis_window_s(10.0, 2.0) == 10.0 + 12
+    rt.set_max_ranks(10)  # 4 DP groups fit: nothing rotates
+    rt.resample(trigger.TriggerSettings(), groups.declared(groups.parse("tp=4,dp=2"), 8))
+    assert rt.diagnosis_window_s(10.0, 1.0) == 10.0
