@@ -3,10 +3,11 @@
 It replays a bundle the way the operator lives through a job (DESIGN.md steps 4-6):
 
 1. communicators and groups from ``comm`` records (``groups``); up to 10 sampled ranks, at
-   least one per DP group (Mycroft §4.3);
+   least one per DP group (Mycroft §4.3), part of them rotating over the DP groups when there
+   are more (``rotation``: every group watched within ``ceil(groups / 10) * 3`` ticks);
 2. ticks every ``tick_s`` from the bundle's first timestamp to its last (and the last one
    itself); at each tick the trigger (``trigger``, Mycroft Algorithm 1 + CCL-D §4.2.1) sees only
-   the sampled ranks' records with ts <= tick;
+   the records of the ranks sampled at that tick with ts <= tick;
 3. at the first trigger, the window of *every* rank around it is cut (``view``: Mycroft §5.1's
    (t - Δ, t], stretched back to the start of the stall or slowdown, plus the baseline history
    a slowdown is judged against) and root-cause analysis runs on it (``failure`` for hangs,
@@ -48,7 +49,7 @@ class AnalysisSettings:
     """Every threshold of analysis, grouped by stage; defaults tuned on the simulator."""
 
     tick_s: float = 1.0  # the operator pulls trigger summaries once a second (DESIGN.md §5)
-    max_sampled: int = 10  # Mycroft §4.3: at most 10 ranks watched continuously
+    max_sampled: int = 10  # Mycroft §4.3: at most 10 ranks watched at each tick
     hang_window_s: float = 2.0  # Δ of the failure window (t - Δ, t] (Mycroft §5.1)
     hang_lookback_s: float = 1.0  # ... reaching at least this far before the stall began
     slow_baseline_s: float = 4.0  # history before a slowdown its baseline is learned from ...
