@@ -73,7 +73,7 @@ class TriggerSettings:
     repeat_rounds: int = 3  # the ratio rule: this many consecutive slow rounds of one key
     stall_pause_fraction: float = 0.5  # stalled > this x hang floor: slow checks pause
     episode_floor_s: float = 0.5  # a stall this long that then resolves is an episode ...
-    episode_k: float = 4.0  # ... and longer than k x the usual (p90) op duration of the comm
+    episode_k: float = 4.0  # ... and longer than k x the op's usual longest duration (Tbase)
     episode_quantile: float = 0.9
     episode_repeat: int = 2  # this many episodes within episode_window_s: slow (bursty)
     episode_window_s: float = 8.0
@@ -143,8 +143,10 @@ class TriggerState:
         if hang is not None:
             return hang
         if stalled_any:
-            return None  # paused: neither counts nor resets the streak
-        return self._slow(ops, t_ns, now) or self._bursty(t_ns)
+            # The slow streak pauses (neither counts nor resets): a stall is the hang rule's
+            # business. Stalls that already resolved are not hangs, so they still count.
+            return self._bursty(t_ns, ops)
+        return self._slow(ops, t_ns, now) or self._bursty(t_ns, ops)
 
     def window_ns(self) -> int:
         """Δ of Algorithm 1: ``window_s``, stretched to ``window_periods`` steps of the job."""
@@ -277,11 +279,16 @@ class TriggerState:
             # a whole forward pass for its input) it says nothing.
             if self.base.durations_seen(comm) < self.s.episode_min_history:
                 continue
-            # Against the comm's p90, not its median: a pipeline receive waits a whole forward
-            # pass of the previous stage once per step (one receive in a few), every step;
-            # that is the schedule, not an episode. A proxy that sleeps now and then stays
-            # above the p90 of operations that take milliseconds.
+            # Against what this operation usually takes at most: its CCL-D Tbase (the mean of
+            # its rounds' longest member duration, learned early and frozen), else the comm's
+            # p90. A pipeline receive waits a whole forward pass of the previous stage once
+            # per step: that is in its Tbase, the schedule, not an episode. A proxy that sleeps
+            # now and then stays far above the Tbase of operations that take milliseconds.
+            # Tbase is a property of the operation, so the ranks watched alongside (a rotating
+            # sample) do not move it the way a pooled recent quantile does.
+            tb = self.base.tbase_ns((comm, int(st["op"][i]), int(st["bytes"][i])))
             usual = self.base.duration_quantile_ns(comm, self.s.episode_quantile) or 0
+            usual = int(tb) if tb is not None else usual
             if idle[i] < self.s.episode_k * usual:
                 continue
             key = (int(st["rank"][i]), comm, int(st["seq"][i]))
@@ -290,14 +297,22 @@ class TriggerState:
             if old is None or idle[i] > old[1]:
                 self._episodes[key] = (start, int(idle[i]))
 
-    def _bursty(self, t_ns: int) -> TriggerResult | None:
+    def _bursty(self, t_ns: int, ops: tables.Table) -> TriggerResult | None:
         """Slow when ``episode_repeat`` separate stalls resolved within ``episode_window_s``.
 
         Stalls seen by several sampled ranks at once (everyone waits on the stalled rank) are
-        one episode: starts within ``episode_floor_s`` of each other are merged.
+        one episode: starts within ``episode_floor_s`` of each other are merged. Only stalls
+        whose operation has completed by ``t`` count: one still going may be a hang.
         """
         since = t_ns - int(self.s.episode_window_s * NS)
-        recent = sorted((v[0], v[1], k) for k, v in self._episodes.items() if v[0] > since)
+        live = [(k, v) for k, v in self._episodes.items() if v[0] > since]
+        if not live:
+            return None
+        done = ops[np.isin(ops["rank"], [k[0] for k, _ in live])]
+        completed = set(
+            zip(done["rank"].tolist(), done["comm"].tolist(), done["seq"].tolist(), strict=True)
+        )
+        recent = sorted((v[0], v[1], k) for k, v in live if k in completed)
         if not recent:
             return None
         merge = int(self.s.episode_floor_s * NS)
