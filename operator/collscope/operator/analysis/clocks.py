@@ -21,6 +21,7 @@ Ranks without a known node (no ``ranks`` in job.json) share one clock: nothing i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,7 +136,8 @@ def aligned(bundle: tables.Bundle, off: Offsets) -> tables.Bundle:
     """``bundle`` with every rank's times moved onto the common clock (a new Bundle).
 
     A uniform shift per rank keeps each table's (rank, time) order. Durations (``idle_ns``,
-    ``end - start``) are unchanged; hardware samples are moved with the rank they carry.
+    ``end - start``) are unchanged; hardware samples and liveness rows are moved with the rank
+    they carry (a heartbeat is written by the rank's own host).
     """
     if off.rounds == 0 or off.largest_ns == 0:
         return bundle
@@ -149,17 +151,14 @@ def aligned(bundle: tables.Bundle, off: Offsets) -> tables.Bundle:
         hit = off.ranks[pos] == out["rank"].astype(np.int64)
         d = np.where(hit, off.offset_ns[pos], 0)
         for c in cols:
-            out[c] = out[c] - d
+            out[c] = np.where(out[c] >= 0, out[c] - d, out[c])  # -1: unknown, kept
         return out
 
-    return tables.Bundle(
-        job=bundle.job,
-        comm_ids=bundle.comm_ids,
-        strings=bundle.strings,
+    return dataclasses.replace(
+        bundle,
         comms=shift(bundle.comms, ("ts",)),
         ops=shift(bundle.ops, ("ts", "start", "end")),
         states=shift(bundle.states, ("ts", "start")),
-        flows=bundle.flows,
         hw=shift(bundle.hw, ("ts",)),
-        source=bundle.source,
+        liveness=shift(bundle.liveness, ("ts", "heartbeat")),
     )
