@@ -182,6 +182,20 @@ class Culprit(_Model):
 _CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint", "function")
 
 
+class Alternative(_Model):
+    """Another explanation analysis weighed and ranked below the verdict (extension).
+
+    ``score`` is its strength relative to the verdict's (1.0: as strong, a tie); ``why`` says
+    what ranked it lower, or, for a tie, what would settle it.
+    """
+
+    category: str
+    rank: Annotated[int, Field(ge=0)] | None = None
+    node: str | None = None
+    score: Annotated[float, Field(ge=0.0, le=1.0)]
+    why: str
+
+
 class Diagnosis(_Model):
     """What analysis concludes; also the operator's ``Diagnosis.status.result``."""
 
@@ -196,8 +210,18 @@ class Diagnosis(_Model):
     # Extension (unknown fields are ignored by readers): "rank" or "node" when the data only
     # allows naming the node (intra-node hops have no flows).
     precision: Literal["rank", "node"] | None = None
+    # Extension: the other explanations weighed, strongest first; left out of the JSON when
+    # empty, so diagnoses without any print exactly as before.
+    alternatives: list[Alternative] = Field(default_factory=list)
 
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_alternatives(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("alternatives"):
+            data.pop("alternatives", None)
+        return data
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)

@@ -24,6 +24,8 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from collscope.nodeagent.bundle import tables
 from collscope.operator.analysis import (
     clocks,
@@ -201,6 +203,14 @@ def _root_cause(
     confidence = max(0.0, min(1.0, finding.coverage * (0.5 + 0.5 * finding.margin)))
     top = finding.culprits[0].rank if finding.culprits else None
     hardware = hwsamples.notes(window, top, where) if top is not None else []
+    unmodelled = _unmodelled(window, t_ns=t)
+    if unmodelled:
+        confidence = min(confidence, UNMODELLED_CONFIDENCE)
+        evidence.append(
+            f"the window ran {', '.join(unmodelled)}, which the rules do not model (they "
+            f"follow NCCL's Ring and Tree: chunk flows between ring or tree neighbours); the "
+            f"verdict is a best guess, confidence capped at {UNMODELLED_CONFIDENCE:g}"
+        )
     return diagnosis.Diagnosis(
         anomaly=True,
         trigger=kind,
@@ -210,4 +220,48 @@ def _root_cause(
         confidence=round(confidence, 3),
         evidence=evidence + finding.evidence + hardware,
         precision=finding.precision,
+        alternatives=finding.alternatives or _runner_up(finding),
     )
+
+
+# Algorithms the hang and slowdown rules are written for (NCCL's algorithm names as the
+# profiler reports them; empty when the plugin could not tell). Others (NVLS, NVLSTree,
+# CollNetDirect, CollNetChain, PAT) move data through switches or in patterns the rules'
+# sender/receiver pairing does not describe.
+MODELLED_ALGOS = frozenset({"", "Ring", "Tree"})
+UNMODELLED_CONFIDENCE = 0.5  # a guess is no better than a coin between two explanations
+
+
+def _unmodelled(window: tables.Bundle, *, t_ns: int) -> list[str]:
+    """Names of algorithms outside ``MODELLED_ALGOS`` among the window's completed operations
+    (a hung operation has no completion: the ones before it on the window's communicators say
+    which algorithm NCCL picked)."""
+    ops = window.ops
+    sel = ops[ops["ts"] <= t_ns]
+    names = {window.string(int(a)) for a in np.unique(sel["algo"]).tolist() if a >= 0}
+    return sorted(n for n in names if n not in MODELLED_ALGOS)
+
+
+def _runner_up(finding: failure.Finding) -> list[diagnosis.Alternative]:
+    """The best culprit on another node than the verdict's, as an alternative (hangs)."""
+    if not finding.culprits:
+        return []
+    first = finding.culprits[0]
+    for c in finding.culprits[1:]:
+        if c.rank is not None and c.node != first.node:
+            tie = c.score >= first.score
+            return [
+                diagnosis.Alternative(
+                    category=finding.category.value.name,
+                    rank=c.rank,
+                    node=c.node,
+                    score=round(min(1.0, c.score / first.score if first.score else 1.0), 3),
+                    why=(
+                        "as strong as the verdict: the collective evidence cannot tell them "
+                        "apart (the evidence says which counter would)"
+                        if tie
+                        else f"scored {c.score:.2f} against the verdict's {first.score:.2f}"
+                    ),
+                )
+            ]
+    return []

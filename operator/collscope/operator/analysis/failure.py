@@ -64,6 +64,7 @@ class Finding:
     coverage: float  # 0..1, share of the implicated group with usable records
     precision: Literal["rank", "node"] = "rank"
     extra: dict[str, int] = field(default_factory=dict)
+    alternatives: list[diagnosis.Alternative] = field(default_factory=list)
 
 
 @dataclass

@@ -20,7 +20,8 @@ Input: the window (since, t] of every rank and the history before it (the baseli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -64,6 +65,128 @@ def analyze(
     settings: StragglerSettings = StragglerSettings(),
 ) -> failure.Finding | None:
     """Root cause of a slowdown in (since, t] against the baseline (base_from, since]."""
+    ev = _Evidence()
+    found = _analyze(
+        bundle,
+        since_ns=since_ns,
+        t_ns=t_ns,
+        base_from_ns=base_from_ns,
+        where=where,
+        interval_ns=interval_ns,
+        settings=settings,
+        ev=ev,
+    )
+    if found is None:
+        return None
+    return dataclasses.replace(found, alternatives=_alternatives(found, ev, where, settings))
+
+
+@dataclass
+class _Evidence:
+    """The per-rank signals ``_analyze`` weighed, kept for the alternatives it ranked lower."""
+
+    ranks: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    late: F64 = field(default_factory=lambda: np.zeros(0))
+    net: F64 = field(default_factory=lambda: np.zeros(0))
+    host: F64 = field(default_factory=lambda: np.zeros(0))
+    p: float | None = None
+
+
+def _alternatives(
+    found: failure.Finding, ev: _Evidence, where: placement.Placement, s: StragglerSettings
+) -> list[diagnosis.Alternative]:
+    """The other categories whose evidence was weighed, and the runner-up rank of the verdict.
+
+    Scores are on the verdict's scale: 0.5 means that category's own rule held but the
+    decision (CCL-D's P, the order of the rules) preferred the verdict; below 0.5, the share
+    of its rule's threshold that its evidence reached. The runner-up rank scores its score
+    relative to the verdict's culprit (1.0: a tie).
+    """
+    out: list[diagnosis.Alternative] = []
+    if len(ev.ranks) == 0:
+        return out
+    cat = found.category
+    top = found.culprits[0].rank if found.culprits else None
+    p = "" if ev.p is None else f" (CCL-D P = {ev.p:.2f} on the widest round)"
+    candidates = [
+        (
+            Cat.SLOW_HOST,
+            ev.host,
+            float(s.host_min_samples),
+            "proxy-stall samples; the proxy-stall rule is checked first and did not hold",
+        ),
+        (
+            Cat.SLOW_COMPUTE,
+            ev.late,
+            float(s.min_late_rounds),
+            f"unexplained late starts; the transfer slowdown weighed more{p}",
+        ),
+        (
+            Cat.SLOW_NETWORK,
+            ev.net,
+            1e-9,
+            f"a transfer slowdown of its communicators; the late starts weighed more{p}",
+        ),
+    ]
+    mixed_parts = {Cat.SLOW_COMPUTE, Cat.SLOW_NETWORK}
+    for c, vec, need, why in candidates:
+        if c is cat or (cat is Cat.SLOW_MIXED and c in mixed_parts) or float(vec.max()) <= 0:
+            continue
+        i = int(np.argmax(vec))
+        held = float(vec[i]) >= need
+        score = 0.5 if held else round(0.5 * float(vec[i]) / need, 3)
+        out.append(
+            diagnosis.Alternative(
+                category=c.value.name,
+                rank=int(ev.ranks[i]),
+                node=where.node(int(ev.ranks[i])),
+                score=score,
+                why=(
+                    f"{where.label(int(ev.ranks[i]))}: {vec[i]:g} {why}"
+                    if held
+                    else f"{where.label(int(ev.ranks[i]))}: {vec[i]:g} {why.split(';')[0]}, "
+                    f"below the rule's threshold of {need:g}"
+                ),
+            )
+        )
+    others = [
+        c for c in found.culprits[1:] if c.rank is not None and c.node != found.culprits[0].node
+    ]
+    if others and top is not None:
+        r = others[0]
+        out.append(
+            diagnosis.Alternative(
+                category=cat.value.name,
+                rank=r.rank,
+                node=r.node,
+                score=r.score,
+                why=(
+                    f"{where.label(int(r.rank or 0))} scored {r.score:.2f} of the culprit's "
+                    f"evidence"
+                    + (
+                        ""
+                        if r.score < 1.0
+                        else ": a tie, the two endpoints of one "
+                        "slow path look alike; the NIC counters of both settle it"
+                    )
+                ),
+            )
+        )
+    out.sort(key=lambda a: -a.score)
+    return out
+
+
+def _analyze(
+    bundle: tables.Bundle,
+    *,
+    since_ns: int,
+    t_ns: int,
+    base_from_ns: int,
+    where: placement.Placement,
+    interval_ns: int,
+    settings: StragglerSettings,
+    ev: _Evidence,
+) -> failure.Finding | None:
     s = settings
     ops = bundle.ops
     before = ops[(ops["end"] > base_from_ns) & (ops["end"] <= since_ns)]
@@ -98,6 +221,7 @@ def analyze(
         host_stall_ns=s.host_stall_s * NS,
         min_chunks=s.slow_path_chunks,
     )
+    ev.ranks, ev.late, ev.net, ev.host = ranks, late, net, fl.host
     if fl.host.max() >= s.host_min_samples:
         i = int(np.argmax(fl.host))
         return _finding(
@@ -131,9 +255,11 @@ def analyze(
         ]
     has_comp = late.max() >= s.min_late_rounds
     has_net = net.max() > 0
+    ev.net = net
     if not has_comp and not has_net:
         return None
     p = _ccl_p(win, base, int(ranks[int(np.argmax(late if has_comp else net))]))
+    ev.p = p
     if has_comp and has_net:
         top_c, top_n = int(np.argmax(late)), int(np.argmax(net))
         # Ties matter: on a two-rank path both endpoints score the same network evidence, and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from collections.abc import Callable
@@ -89,3 +90,37 @@ def test_a_bundle_read_from_disk_needs_no_truth(sim16: Sim16, tmp_path: pathlib.
     d = engine.diagnose(reader.load(out))
     assert d == engine.diagnose(res.bundle)
     assert d.anomaly and d.category == res.truth.expected_category
+
+
+def test_an_algorithm_the_rules_do_not_model_caps_confidence(ring: Ring) -> None:
+    # The same NIC hang, but NCCL reports NVLS for the ring's operations: the chunk-flow rules
+    # are written for Ring and Tree, so the verdict stays a best guess at confidence <= 0.5.
+    b = ring.build("network")
+    nvls = dataclasses.replace(b, strings=tuple("NVLS" if s == "Ring" else s for s in b.strings))
+    plain, capped = engine.diagnose(b), engine.diagnose(nvls)
+    assert plain.confidence > 0.5
+    assert (capped.category, capped.culprits[0].rank) == ("hang.network", 2)
+    assert capped.confidence == 0.5
+    assert any("ran NVLS, which the rules do not model" in e for e in capped.evidence)
+
+
+def test_runner_up_on_another_node_is_listed_as_an_alternative() -> None:
+    first = diagnosis.Culprit(rank=2, node="n1", component="nic", score=1.0)
+    same_node = diagnosis.Culprit(rank=3, node="n1", component="nic", score=0.9)
+    other = diagnosis.Culprit(rank=1, node="n0", component="nic", score=0.5)
+    f = failure.Finding(
+        category=diagnosis.Category.HANG_NETWORK,
+        culprits=[first, same_node, other],
+        evidence=[],
+        margin=0.5,
+        coverage=1.0,
+    )
+    assert engine._runner_up(f) == [
+        diagnosis.Alternative(
+            category="hang.network",
+            rank=1,
+            node="n0",
+            score=0.5,
+            why="scored 0.50 against the verdict's 1.00",
+        )
+    ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from collscope.nodeagent.bundle import models, tables
 from collscope.operator.analysis import diagnosis, failure, placement, straggler
 
@@ -162,3 +164,40 @@ def test_empty_window_has_no_finding() -> None:
         settings=SETTINGS,
     )
     assert f is None
+
+
+def test_alternatives_name_the_weighed_categories_and_the_runner_up() -> None:
+    # Verdict slow.network on rank 5 (node n1); rank 1 (node n0) scored 0.9 of it; rank 2 had
+    # one unexplained late start (the compute rule needs 2); no proxy stalls.
+    where = placement.Placement.of(
+        models.Job(
+            world_size=6,
+            ranks=[models.RankInfo(rank=r, node=f"n{r // 3}", gpu=r % 3) for r in range(6)],
+        )
+    )
+    ranks = np.arange(6, dtype=np.int64)
+    ev = straggler._Evidence(
+        ranks=ranks,
+        late=np.asarray([0.0, 0.0, 1.0, 0.0, 0.0, 0.0]),
+        net=np.asarray([0.0, 0.9, 0.0, 0.0, 0.0, 1.0]),
+        host=np.zeros(6),
+        p=0.2,
+    )
+    found = failure.Finding(
+        category=diagnosis.Category.SLOW_NETWORK,
+        culprits=[
+            diagnosis.Culprit(rank=5, node="n1", component="nic", score=1.0),
+            diagnosis.Culprit(rank=1, node="n0", component="nic", score=0.9),
+        ],
+        evidence=[],
+        margin=0.1,
+        coverage=1.0,
+    )
+    alts = straggler._alternatives(found, ev, where, straggler.StragglerSettings())
+    assert [(a.category, a.rank, a.node, a.score) for a in alts] == [
+        ("slow.network", 1, "n0", 0.9),
+        ("slow.compute", 2, "n0", 0.25),
+    ]
+    assert alts[1].why == (
+        "rank 2 (n0, GPU 2): 1 unexplained late starts, below the rule's threshold of 2"
+    )
