@@ -240,14 +240,16 @@ def _analyze(
         )
     if net.max() > 0:
         net = net + s.slow_path_weight * _norm(fl.slow_path) * float(net.max())
-        # Two endpoints of one slow path score alike; a NIC whose link trained below its
-        # peers' speed, or that carries others' traffic, breaks the tie (and only the tie:
-        # it adds a hair to the score).
+        # Two endpoints of one slow path score alike, or apart only by Table 4's one-hop
+        # reading (a slow ingress at the receiver looks like a local cause at the sender). A
+        # NIC whose link trained below its peers' speed, or that carries others' traffic, is
+        # direct evidence on the device: it outweighs that reading (one slow-path unit) and
+        # nothing more, so it never overrides a difference in transfer slowdown.
         implicated = [int(r) for r in ranks[net > 0]]
         slow_links = hwsamples.nic_slow(bundle, implicated)
         busy = hwsamples.nic_busy(bundle, implicated)
         hint = np.array([float(int(r) in slow_links or int(r) in busy) for r in ranks])
-        net = net + hint * 1e-3 * net.max()
+        net = net + hint * s.slow_path_weight * float(net.max())
         notes = [
             *notes,
             *hwsamples.nic_slow_text(slow_links, where),
