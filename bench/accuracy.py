@@ -128,6 +128,11 @@ class Outcome:
     latency_s: float | None
     analysis_s: float
     prepare_s: float  # simulating (and stripping) or loading the bundle
+    # A declared tie: the first two culprits score alike on different nodes (the collective
+    # evidence cannot tell them apart; the evidence names the counter that would), and the
+    # ranks tied; why: the evidence line that says so.
+    tied: tuple[int, ...] = ()
+    tie_why: str = ""
 
     @property
     def right(self) -> bool:
@@ -159,8 +164,15 @@ def score(
         if diag.detected_at is None or expected.onset_ns is None
         else (diag.detected_at - expected.onset_ns) / 1e9
     )
+    tied: tuple[int, ...] = ()
+    cs = diag.culprits if diag.anomaly else []
+    if len(cs) >= 2 and cs[1].score >= cs[0].score and cs[1].node != cs[0].node:
+        tied = tuple(c.rank for c in cs if c.score >= cs[0].score and c.rank is not None)
+    why = next((e for e in diag.evidence if "cannot tell" in e), "") if tied else ""
     return Outcome(
         *label,
+        tied=tied,
+        tie_why=why[:160],
         ranks=bundle.job.world_size,
         faulty=expected.category is not None,
         hang=expected.hang,
@@ -395,6 +407,37 @@ def calibration(outcomes: list[Outcome]) -> str:
     return "\n".join(rows)
 
 
+def ties(outcomes: list[Outcome], families: Sequence[str]) -> str:
+    """Per family: verdicts that declared a tie, whether the truth was among the tied, and the
+    top-1 share over the cases the topology makes identifiable (no tie declared)."""
+    rows = [
+        "| fault | faulty cases | declared ties | truth among the tied "
+        "| top-1 where identifiable |",
+        "|---|---|---|---|---|",
+    ]
+    for family in families:
+        f = [o for o in outcomes if o.family == family and o.faulty]
+        if not f:
+            continue
+        t = [o for o in f if o.tied]
+        among = sum(any(r in o.truth_culprits for r in o.tied) for o in t)
+        ident = [o for o in f if not o.tied]
+        rows.append(
+            f"| {family} | {len(f)} | {len(t)} | {among} of {len(t)} | "
+            f"{_pct(sum(o.top1 for o in ident), len(ident))} of {len(ident)} |"
+        )
+    return "\n".join(rows)
+
+
+def tie_cases(outcomes: list[Outcome]) -> list[str]:
+    return [
+        f"  {o.case}: tied ranks {list(o.tied)}, truth {list(o.truth_culprits)}"
+        + (f"; {o.tie_why}" if o.tie_why else "")
+        for o in outcomes
+        if o.tied
+    ]
+
+
 def misdiagnosed(outcomes: list[Outcome]) -> list[str]:
     """One line per case whose top-1 rank or category is wrong (a false alarm included)."""
     lines = []
@@ -430,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strip-hw", action="store_true", help="drop hw records before analysis")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--json", default=None, help="write every case's outcome to this file")
+    p.add_argument("--ties", action="store_true", help="list every case that declared a tie")
     p.add_argument(
         "--faults", default="", help="only these simulated faults, comma-separated (none: all)"
     )
@@ -478,10 +522,16 @@ def main(argv: list[str] | None = None) -> int:
     print(by_size(outcomes, variant))
     print()
     print(calibration(outcomes))
+    print()
+    print(ties(outcomes, families))
     wrong = misdiagnosed(outcomes)
     if wrong:
         print("\nmisdiagnosed cases (case (fault) -> category, top rank, confidence; truth):")
         print("\n".join(wrong))
+    tied = tie_cases(outcomes)
+    if tied and args.ties:
+        print("\ncases declared unidentifiable (a tie between the two ends of one path):")
+        print("\n".join(tied))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([asdict(o) | {"right": o.right} for o in outcomes], fh, indent=1)

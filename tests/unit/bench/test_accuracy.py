@@ -93,9 +93,11 @@ def test_bundles_are_scored_case_by_case(eval_dir: tuple[Path, int, int]) -> Non
         "latency_s": (diag.detected_at - onset) / 1e9,
         "ranks": 16,
         "variant": "tp8 pp1 dp2",
+        "tied": (),  # a GPU hang: one culprit, no tie
+        "tie_why": "",
     }
     quiet: dict[str, Any] = {"faulty": False, "hang": False, "detected": False, "category": None}
-    quiet |= {"top_rank": None, "confidence": 0.0, "latency_s": None}
+    quiet |= {"top_rank": None, "confidence": 0.0, "latency_s": None, "tied": (), "tie_why": ""}
     expected = [
         quiet
         | {"case": "case-000", "family": "none", "top1": True, "node_ok": True}
@@ -221,3 +223,13 @@ def test_brier_score_over_anomaly_verdicts() -> None:
     assert "Brier score over the 6 anomaly verdicts: 0.299 " in text
     assert "fault-free cases that raised an anomaly: 1 of 2" in text
     assert "faulty cases with no verdict: 1 of 6" in text
+
+
+def test_ties_table_separates_declared_ties_from_identifiable_cases() -> None:
+    right = _outcome(detected=True, confidence=0.9, right=True)
+    wrong = _outcome(detected=True, confidence=0.9, right=False)
+    tie_ok = dataclasses.replace(wrong, tied=(3, 0), confidence=0.5)  # truth 0 among the tied
+    tie_bad = dataclasses.replace(wrong, tied=(3, 4), confidence=0.5)
+    table = acc.ties([right, wrong, tie_ok, tie_bad], ["f"])
+    assert table.splitlines()[2] == "| f | 4 | 2 | 1 of 2 | 50% of 2 |"
+    assert acc.tie_cases([right, tie_ok]) == ["  c: tied ranks [3, 0], truth [0]"]
