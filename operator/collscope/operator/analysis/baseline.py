@@ -18,7 +18,8 @@ Three baselines, each from a paper:
 - normal throughput and operation interval per sampled rank (Mycroft Algorithm 1 line 9):
   medians of the values seen on recent ticks where nothing looked wrong.
 - the job's iteration period: the median gap between consecutive completions of one rank of
-  the same (comm, op, bytes), the largest over keys with ``min_gaps`` gaps seen (barriers
+  the same (comm, op, bytes), pooled per (op, bytes) over communicators, the largest over
+  those with ``min_gaps`` gaps seen (barriers
   excluded: a checkpoint barrier every N iterations is not the step). The operation done once
   per step (the DP gradient ReduceScatter) has the longest regular gap, which is the step;
   keying by op and size keeps a ReduceScatter/AllGather pair on one communicator, seconds
@@ -76,7 +77,10 @@ class Baselines:
             lambda: deque(maxlen=normal_history)
         )
         self._last_end: dict[tuple[int, int, int, int], int] = {}  # (rank, *Key) -> end
-        self._gaps: dict[Key, deque[int]] = defaultdict(lambda: deque(maxlen=history))
+        # Gaps pooled per (op, bytes) over communicators: every DP group runs its gradient
+        # ReduceScatter once per step, so ten sampled ranks in ten DP groups learn the step
+        # from their first two steps instead of five each.
+        self._gaps: dict[tuple[int, int], deque[int]] = defaultdict(lambda: deque(maxlen=history))
 
     # -- learning from completions ------------------------------------------------------------
     def learn_ops(self, done: np.ndarray) -> None:
@@ -101,7 +105,7 @@ class Baselines:
             if b > self._barrier_max_bytes:
                 prev = self._last_end.get((r, c, o, b))
                 if prev is not None and e > prev:
-                    self._gaps[(c, o, b)].append(e - prev)
+                    self._gaps[(o, b)].append(e - prev)
                 self._last_end[(r, c, o, b)] = e
             key = (c, o, b)
             kb = self._keys.get(key)

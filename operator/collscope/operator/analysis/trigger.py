@@ -71,7 +71,7 @@ class TriggerSettings:
     base_span_s: float = 3.0  # CCL-D: rounds of the first 2 min; a run here lasts seconds
     repeat_ticks: int = 3  # consecutive slow ticks before firing (CCL-D repetition counter)
     repeat_rounds: int = 3  # the ratio rule: this many consecutive slow rounds of one key
-    stall_pause_fraction: float = 0.5  # stalled > this x hang floor: slow checks pause
+    stall_pause_fraction: float = 0.5  # stalled > this x its hang threshold: slow checks pause
     episode_floor_s: float = 0.5  # a stall this long that then resolves is an episode ...
     episode_k: float = 4.0  # ... and longer than k x the op's usual longest duration (Tbase)
     episode_quantile: float = 0.9
@@ -216,9 +216,13 @@ class TriggerState:
             ):
                 continue
             stall = int(now.stalled_ns[i])
-            if stall > s.stall_pause_fraction * floor:
-                stalled_any = True
             thr = self.base.stall_threshold_ns(int(now.comm[i]), floor_ns=floor, k=s.hang_k)
+            # Half way to its own communicator's hang threshold, not to the floor: a pipeline
+            # receive that waits a whole forward pass every step (seconds, when steps are
+            # long) is in its ordinary durations, and pausing the slow checks on it would
+            # pause them on every tick of such a job.
+            if stall > s.stall_pause_fraction * thr:
+                stalled_any = True
             if stall <= thr:
                 continue
             r = int(now.rank[i])
@@ -347,7 +351,13 @@ class TriggerState:
         win_ns = self.window_ns()
         win_s = win_ns / NS
         w = ops[ops["ts"] > t_ns - win_ns]
-        full = [r for r, f in self._first_ns.items() if f <= t_ns - win_ns]
+        # Throughput and op intervals compare whole steps: until the step is known a window
+        # may hold none of a long-step job's, so neither is judged nor learned.
+        full = (
+            [r for r, f in self._first_ns.items() if f <= t_ns - win_ns]
+            if self.base.period_ns() is not None
+            else []
+        )
         findings: list[tuple[int, int, int, int, str]] = []  # (since, rank, comm, seq, text)
         thr_now: dict[int, float] = {}
         int_now: dict[tuple[int, int], float] = {}

@@ -158,3 +158,18 @@ def test_duration_quantile_and_count() -> None:
     b.learn_ops(_ops([[10, 10], [10, 10], [10, 10], [10, 900]]))
     assert b.durations_seen(0) == 8
     assert b.duration_quantile_ns(0, 0.5) == 10 * MS
+
+
+def test_period_pools_one_operation_over_the_communicators_that_run_it() -> None:
+    # Two DP groups (comms 0xa and 0xc, one sampled rank each), a ReduceScatter every 3 s: 4
+    # steps give each rank 3 gaps, 6 pooled: the step is known before either group alone has 5.
+    b = tables.BundleBuilder(models.Job(world_size=2))
+    for k in range(4):
+        for r, comm in ((0, "0xa"), (1, "0xc")):
+            t = S + k * 3 * S
+            b.add_op(rank=r, ts=t + MS, comm=comm, seq=k, op="ReduceScatter", nbytes=1 << 20,
+                     start=t, end=t + MS)  # fmt: skip
+    ops = b.build().ops
+    base = _base()
+    base.learn_ops(ops[np.argsort(ops["end"], kind="stable")])
+    assert base.period_ns() == 3 * S

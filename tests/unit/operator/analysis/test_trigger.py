@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from collscope.nodeagent.bundle import models, tables
-from collscope.operator.analysis import trigger
+from collscope.operator.analysis import inflight, trigger
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -230,3 +230,29 @@ def test_window_stretches_to_whole_steps_of_the_job() -> None:
     bundle = _wide_rounds(set(), rounds=10, step_ms=3000)
     state.update(bundle, bundle.ops["ts"].max())
     assert state.window_ns() == int(SETTINGS.window_periods * 3 * S)
+
+
+def test_a_wait_within_its_communicators_usual_durations_does_not_pause_the_slow_checks() -> None:
+    # A pipeline receive that always waits ~2 s (the previous stage's forward pass): 1 s into
+    # its next wait it is not "stalled" (its hang threshold is 4 x 2 s); on a communicator
+    # with no such history the same second is half the 1.5 s floor and pauses the checks.
+    def job(history_ms: int) -> tables.Bundle:
+        b = tables.BundleBuilder(models.Job(world_size=2))
+        for seq in range(10):
+            t = S + seq * 3 * S
+            b.add_op(rank=0, ts=t + history_ms * MS, comm="0xa", seq=seq, op="Recv",
+                     nbytes=1 << 20, start=t, end=t + history_ms * MS, peer=1)  # fmt: skip
+        t = S + 10 * 3 * S
+        flow = (0, 1, tables.RECV, 8, -1, -1, 8, 0, 0, 1 * S)  # nothing arrived for 1 s
+        b.add_state(rank=0, ts=t + S, comm="0xa", seq=10, op="Recv", nbytes=1 << 20,
+                    start=t, flows=[flow])  # fmt: skip
+        return b.build()
+
+    for history_ms, paused in ((2000, False), (10, True)):
+        bundle = job(history_ms)
+        state = trigger.TriggerState((0,), SETTINGS, interval_ns=100 * MS)
+        t = S + 10 * 3 * S + S
+        state.update(bundle, t - S)  # learn the history
+        now = inflight.at(bundle, t, interval_ns=100 * MS)
+        hit, stalled = state._hang(bundle, now, bundle.ops[bundle.ops["ts"] <= t], t)
+        assert hit is None and stalled is paused
