@@ -2,6 +2,7 @@
 
 It replays a bundle the way the operator lives through a job (DESIGN.md steps 4-6):
 
+0. the bundle is put on one clock (``clocks``: node offsets from operations that span nodes);
 1. communicators and groups from ``comm`` records (``groups``); up to 10 sampled ranks, at
    least one per DP group (Mycroft §4.3), part of them rotating over the DP groups when there
    are more (``rotation``: every group watched within ``ceil(groups / 10) * 3`` ticks);
@@ -10,8 +11,10 @@ It replays a bundle the way the operator lives through a job (DESIGN.md steps 4-
    the records of the ranks sampled at that tick with ts <= tick;
 3. at the first trigger, the window of *every* rank around it is cut (``view``: Mycroft §5.1's
    (t - Δ, t], stretched back to the start of the stall or slowdown, plus the baseline history
-   a slowdown is judged against) and root-cause analysis runs on it (``failure`` for hangs,
-   ``straggler`` for slowdowns).
+   a slowdown is judged against) and root-cause analysis runs on it (``liveness``, then
+   ``failure`` for hangs, ``straggler`` for slowdowns). A hang whose waiters wait on ranks that
+   are still moving is judged as a slowdown (``progress``, CCL-D H1); when that, or a
+   slowdown, names no culprit yet, the replay goes on to the next trigger.
 
 No trigger => ``Diagnosis(anomaly=False)`` with one line saying what was checked.
 Confidence = coverage x (0.5 + 0.5 x margin): how much of the implicated group had records,
