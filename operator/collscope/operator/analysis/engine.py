@@ -223,7 +223,7 @@ def _root_cause(
         confidence=round(confidence, 3),
         evidence=evidence + finding.evidence + hardware,
         precision=finding.precision,
-        alternatives=finding.alternatives or _runner_up(finding),
+        alternatives=finding.alternatives or failure.runner_up(finding),
     )
 
 
@@ -243,28 +243,3 @@ def _unmodelled(window: tables.Bundle, *, t_ns: int) -> list[str]:
     sel = ops[ops["ts"] <= t_ns]
     names = {window.string(int(a)) for a in np.unique(sel["algo"]).tolist() if a >= 0}
     return sorted(n for n in names if n not in MODELLED_ALGOS)
-
-
-def _runner_up(finding: failure.Finding) -> list[diagnosis.Alternative]:
-    """The best culprit on another node than the verdict's, as an alternative (hangs)."""
-    if not finding.culprits:
-        return []
-    first = finding.culprits[0]
-    for c in finding.culprits[1:]:
-        if c.rank is not None and c.node != first.node:
-            tie = c.score >= first.score
-            return [
-                diagnosis.Alternative(
-                    category=finding.category.value.name,
-                    rank=c.rank,
-                    node=c.node,
-                    score=round(min(1.0, c.score / first.score if first.score else 1.0), 3),
-                    why=(
-                        "as strong as the verdict: the collective evidence cannot tell them "
-                        "apart (the evidence says which counter would)"
-                        if tie
-                        else f"scored {c.score:.2f} against the verdict's {first.score:.2f}"
-                    ),
-                )
-            ]
-    return []

@@ -67,6 +67,32 @@ class Finding:
     alternatives: list[diagnosis.Alternative] = field(default_factory=list)
 
 
+def runner_up(finding: Finding) -> list[diagnosis.Alternative]:
+    """The best culprit on another node than the verdict's, as an alternative; its score is
+    relative to the verdict's culprit (1.0: a tie)."""
+    if not finding.culprits:
+        return []
+    first = finding.culprits[0]
+    for c in finding.culprits[1:]:
+        if c.rank is not None and c.node != first.node:
+            tie = c.score >= first.score
+            return [
+                diagnosis.Alternative(
+                    category=finding.category.value.name,
+                    rank=c.rank,
+                    node=c.node,
+                    score=round(min(1.0, c.score / first.score if first.score else 1.0), 3),
+                    why=(
+                        "as strong as the verdict: the collective evidence cannot tell them "
+                        "apart (the evidence says which counter would)"
+                        if tie
+                        else f"scored {c.score:.2f} against the verdict's {first.score:.2f}"
+                    ),
+                )
+            ]
+    return []
+
+
 @dataclass
 class _Op:
     trace: Trace

@@ -106,72 +106,34 @@ def _alternatives(
     if len(ev.ranks) == 0:
         return out
     cat = found.category
-    top = found.culprits[0].rank if found.culprits else None
     p = "" if ev.p is None else f" (CCL-D P = {ev.p:.2f} on the widest round)"
+    # (category, its evidence per rank, the rule's threshold, what the evidence is, what
+    # ranked it lower when its rule held)
     candidates = [
-        (
-            Cat.SLOW_HOST,
-            ev.host,
-            float(s.host_min_samples),
-            "proxy-stall samples; the proxy-stall rule is checked first and did not hold",
-        ),
-        (
-            Cat.SLOW_COMPUTE,
-            ev.late,
-            float(s.min_late_rounds),
-            f"unexplained late starts; the transfer slowdown weighed more{p}",
-        ),
-        (
-            Cat.SLOW_NETWORK,
-            ev.net,
-            1e-9,
-            f"a transfer slowdown of its communicators; the late starts weighed more{p}",
-        ),
-    ]
+        (Cat.SLOW_HOST, ev.host, float(s.host_min_samples), "proxy-stall samples",
+         "the proxy-stall rule is checked first and did not hold"),
+        (Cat.SLOW_COMPUTE, ev.late, float(s.min_late_rounds), "unexplained late starts",
+         f"the transfer slowdown weighed more{p}"),
+        (Cat.SLOW_NETWORK, ev.net, 1e-9, "a transfer slowdown of its communicators",
+         f"the late starts weighed more{p}"),
+    ]  # fmt: skip
     mixed_parts = {Cat.SLOW_COMPUTE, Cat.SLOW_NETWORK}
-    for c, vec, need, why in candidates:
+    for c, vec, need, what, lost in candidates:
         if c is cat or (cat is Cat.SLOW_MIXED and c in mixed_parts) or float(vec.max()) <= 0:
             continue
         i = int(np.argmax(vec))
         held = float(vec[i]) >= need
-        score = 0.5 if held else round(0.5 * float(vec[i]) / need, 3)
+        lower = lost if held else f"below the rule's threshold of {need:g}"
         out.append(
             diagnosis.Alternative(
                 category=c.value.name,
                 rank=int(ev.ranks[i]),
                 node=where.node(int(ev.ranks[i])),
-                score=score,
-                why=(
-                    f"{where.label(int(ev.ranks[i]))}: {vec[i]:g} {why}"
-                    if held
-                    else f"{where.label(int(ev.ranks[i]))}: {vec[i]:g} {why.split(';')[0]}, "
-                    f"below the rule's threshold of {need:g}"
-                ),
+                score=0.5 if held else round(0.5 * float(vec[i]) / need, 3),
+                why=f"{where.label(int(ev.ranks[i]))}: {vec[i]:g} {what}, {lower}",
             )
         )
-    others = [
-        c for c in found.culprits[1:] if c.rank is not None and c.node != found.culprits[0].node
-    ]
-    if others and top is not None:
-        r = others[0]
-        out.append(
-            diagnosis.Alternative(
-                category=cat.value.name,
-                rank=r.rank,
-                node=r.node,
-                score=r.score,
-                why=(
-                    f"{where.label(int(r.rank or 0))} scored {r.score:.2f} of the culprit's "
-                    f"evidence"
-                    + (
-                        ""
-                        if r.score < 1.0
-                        else ": a tie, the two endpoints of one "
-                        "slow path look alike; the NIC counters of both settle it"
-                    )
-                ),
-            )
-        )
+    out += failure.runner_up(found)
     out.sort(key=lambda a: -a.score)
     return out
 

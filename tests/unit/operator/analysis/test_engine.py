@@ -115,7 +115,7 @@ def test_runner_up_on_another_node_is_listed_as_an_alternative() -> None:
         margin=0.5,
         coverage=1.0,
     )
-    assert engine._runner_up(f) == [
+    assert failure.runner_up(f) == [
         diagnosis.Alternative(
             category="hang.network",
             rank=1,
