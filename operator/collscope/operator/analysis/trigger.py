@@ -312,7 +312,10 @@ class TriggerState:
         live = [(k, v) for k, v in self._episodes.items() if v[0] > since]
         if not live:
             return None
-        done = ops[np.isin(ops["rank"], [k[0] for k, _ in live])]
+        # An episode's operation completes after the episode started (> since): only the
+        # window's completions are looked at, not the whole history of the sampled ranks.
+        recent_ops = ops[ops["ts"] > since]
+        done = recent_ops[np.isin(recent_ops["rank"], [k[0] for k, _ in live])]
         completed = set(
             zip(done["rank"].tolist(), done["comm"].tolist(), done["seq"].tolist(), strict=True)
         )
