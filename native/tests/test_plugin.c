@@ -1244,10 +1244,13 @@ static void t_flow_takeover(void)
  * a communicator created in the child gets the child's own ring file. */
 static void t_fork_child(void)
 {
-#if defined(__SANITIZE_THREAD__)
-    /* TSan cannot follow a child that creates threads after a multi-threaded fork (the
-     * child's heartbeat thread); the plain and ASan runs cover this test */
-    fprintf(stderr, "fork_child: skipped under ThreadSanitizer\n");
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    /* Neither sanitizer's runtime survives a child that creates threads after a multi-threaded
+     * fork: TSan cannot follow it, and ASan's allocator keeps a region lock that the parent's
+     * heartbeat thread held at the fork, so the child's own heartbeat thread (which allocates in
+     * pthread_getattr_np) waits on it forever (it hung `make test` in one of four clean-clone runs on 2026-11-25).
+     * glibc's malloc resets its locks in the child; the plain run covers this test. */
+    fprintf(stderr, "fork_child: skipped under a sanitizer\n");
     return;
 #endif
     struct ncclsim s;
