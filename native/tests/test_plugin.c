@@ -1248,8 +1248,9 @@ static void t_fork_child(void)
     /* Neither sanitizer's runtime survives a child that creates threads after a multi-threaded
      * fork: TSan cannot follow it, and ASan's allocator keeps a region lock that the parent's
      * heartbeat thread held at the fork, so the child's own heartbeat thread (which allocates in
-     * pthread_getattr_np) waits on it forever (it hung `make test` in one of four clean-clone runs on 2026-11-25).
-     * glibc's malloc resets its locks in the child; the plain run covers this test. */
+     * pthread_getattr_np) waits on it forever: it hung `make test` in one of four clean-clone
+     * runs on 2026-11-25. glibc's malloc resets its locks in the child; the plain run covers
+     * this test. */
     fprintf(stderr, "fork_child: skipped under a sanitizer\n");
     return;
 #endif
