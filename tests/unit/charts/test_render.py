@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from collscope.nodeagent import settings as agent_settings
-from collscope.operator import injection, policy, remediation, settings, webhook
+from collscope.operator import injection, owners, policy, remediation, settings, webhook
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the validator
 # knows. A variant may need a newer one (the appArmorProfile field arrived in 1.30).
-K8S_VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
+K8S_VERSIONS = ["1.28.0", kubernetes_validate.latest_version()]
 NEEDS = {"apparmor": "1.30.0"}
 # Kinds whose schema is not Kubernetes': checked against their CRD here or by name only.
 NOT_CORE = {"ClusterKopfPeering", "Issuer", "Certificate", "ServiceMonitor"}
@@ -185,6 +185,25 @@ def test_webhook_points_at_the_kopf_handler(chart: Any) -> None:
     assert chart.namespace in hook["namespaceSelector"]["matchExpressions"][0]["values"]
     secret = chart.find(docs, "Secret")
     assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+
+
+def test_webhook_is_called_for_opted_in_pods_only(chart: Any) -> None:
+    """The API server calls the webhook only for pods carrying the opt-in annotation (a CEL
+    matchCondition, GA from Kubernetes 1.28: the chart's floor), read as ``owners.is_opted_in``
+    reads it: the value ``true`` in any case. No CEL evaluator is installed here, so the
+    expression is checked for the parts that carry that meaning."""
+    meta = yaml.safe_load((chart.dir / "Chart.yaml").read_text())
+    assert meta["kubeVersion"] == ">=1.28.0-0" and K8S_VERSIONS[0] == "1.28.0"
+    hook = chart.find(chart.render(), "MutatingWebhookConfiguration")["webhooks"][0]
+    (cond,) = hook["matchConditions"]
+    expr = " ".join(cond["expression"].split())
+    key = owners.OPT_IN_ANNOTATION
+    assert expr == (
+        f"has(object.metadata.annotations) && '{key}' in object.metadata.annotations && "
+        f"object.metadata.annotations['{key}'].lowerAscii() == 'true'"
+    )
+    assert owners.is_opted_in({"annotations": {key: "TRUE"}})
+    assert not owners.is_opted_in({"annotations": {key: "yes"}})
 
 
 def test_injected_pod_is_valid() -> None:
