@@ -14,6 +14,19 @@ Rules: pods without the annotation are untouched ([]); anything the pod already 
 var, volume, init container or mount path of the same name is kept as it is and ours skipped),
 so applying the patch and computing it again yields [] (idempotent). Lists the pod lacks are
 added whole; lists it has are appended to (``/-``), so the patch applies to the pod as sent.
+
+One exception, plugins side by side (issue 15 item 8): NCCL loads a single profiler plugin, so
+a container that already names one in ``NCCL_PROFILER_PLUGIN`` (NCCL Inspector, a vendor
+plugin) would silently keep it and collscope see nothing. Its entry is replaced by ours and
+the original entry (its ``value`` or ``valueFrom``, verbatim, ``none`` included) moves to
+``COLLSCOPE_NEXT_PROFILER_PLUGIN``, which the native plugin loads and forwards every call to;
+``displaced`` lists them so the webhook can warn. A container that sets
+``COLLSCOPE_NEXT_PROFILER_PLUGIN`` itself arranged the chain and is left alone. A value coming
+from ``envFrom`` cannot be seen here: our explicit entry overrides it, unforwarded.
+
+The init container passes the Pod Security Standards' *restricted* profile (non-root uid,
+no privilege escalation, every capability dropped, the runtime's default seccomp profile), so
+injection never makes a pod that a restricted namespace would have admitted rejected.
 """
 
 from __future__ import annotations
@@ -28,6 +41,11 @@ PLUGIN_VOLUME = "collscope-plugin"
 TRACE_VOLUME = "collscope-trace"
 INIT_CONTAINER = "collscope-plugin"
 PLUGIN_FILE = "libnccl-profiler-collscope.so"
+PLUGIN_ENV = "NCCL_PROFILER_PLUGIN"
+NEXT_PLUGIN_ENV = "COLLSCOPE_NEXT_PROFILER_PLUGIN"  # read by the native plugin (forwarding)
+# The init container's user: any non-root uid can copy the plugin (0644 in the image) into the
+# emptyDir (created 0777). 65532 is the distroless "nonroot" user, a common choice.
+INIT_UID = 65532
 
 Op = patches.Op
 
@@ -56,7 +74,7 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 def env_vars(settings: InjectionSettings) -> list[dict[str, Any]]:
     """Env added to each app container (names the plugin reads: native/src/ring.c)."""
     env: list[dict[str, Any]] = [
-        {"name": "NCCL_PROFILER_PLUGIN", "value": settings.plugin_path},
+        {"name": PLUGIN_ENV, "value": settings.plugin_path},
         {"name": "COLLSCOPE_TRACE_DIR", "value": settings.trace_dir},
         _field_env("POD_NAME", "metadata.name"),
         _field_env("POD_NAMESPACE", "metadata.namespace"),
@@ -85,7 +103,15 @@ def init_container(settings: InjectionSettings) -> dict[str, Any]:
         "volumeMounts": [{"name": PLUGIN_VOLUME, "mountPath": settings.plugin_dir}],
         # A file copy: small requests keep the pod's effective requests unchanged.
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": INIT_UID,
+            "runAsGroup": INIT_UID,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
     }
 
 
@@ -124,9 +150,83 @@ def patch(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Op]:
     )
     for i, container in enumerate(spec.get("containers") or ()):
         base = patches.pointer("spec", "containers", str(i))
+        ops += _chain_plugin(container, base, settings)
         ops += _append(container.get("env"), f"{base}/env", env_vars(settings), "name")
         # A mount path already in use (or our volume mounted elsewhere) is the user's choice.
         taken = {m.get("name") for m in container.get("volumeMounts") or ()}
         wanted = [m for m in mounts(settings) if m["name"] not in taken]
         ops += _append(container.get("volumeMounts"), f"{base}/volumeMounts", wanted, "mountPath")
     return ops
+
+
+@dataclass(frozen=True)
+class Displaced:
+    """A container's own profiler plugin, moved behind ours (``NEXT_PLUGIN_ENV``)."""
+
+    container: str
+    entry: Mapping[str, Any]  # the original env entry: ``value`` or ``valueFrom``
+
+    def describe(self) -> str:
+        source = self.entry.get("value")
+        shown = repr(source) if source is not None else "a valueFrom reference"
+        return (
+            f"container {self.container!r} set {PLUGIN_ENV}={shown}: NCCL loads one profiler "
+            f"plugin, so collscope's now loads and forwards every call to it ({NEXT_PLUGIN_ENV})"
+        )
+
+
+def _own_plugin(container: Mapping[str, Any], settings: InjectionSettings) -> list[int]:
+    """Indexes of the container's ``NCCL_PROFILER_PLUGIN`` entries that are not ours, when
+    they are to be chained (none when the container arranged ``NEXT_PLUGIN_ENV`` itself)."""
+    env = container.get("env") or ()
+    if any(e.get("name") == NEXT_PLUGIN_ENV for e in env):
+        return []
+    ours = {"name": PLUGIN_ENV, "value": settings.plugin_path}
+    return [j for j, e in enumerate(env) if e.get("name") == PLUGIN_ENV and dict(e) != ours]
+
+
+def displaced(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Displaced]:
+    """The plugins ``patch`` moves behind collscope's, one per container that has one."""
+    if not owners.is_opted_in(pod.get("metadata") or {}):
+        return []
+    out = []
+    for container in (pod.get("spec") or {}).get("containers") or ():
+        found = _own_plugin(container, settings)
+        if found:
+            entry = dict(container["env"][found[-1]])  # the last entry of a name is effective
+            entry.pop("name", None)
+            out.append(Displaced(str(container.get("name", "")), entry))
+    return out
+
+
+def _chain_plugin(container: Mapping[str, Any], base: str, settings: InjectionSettings) -> list[Op]:
+    """Ops putting our plugin in front of the container's own: its entries replaced by ours,
+    the effective one copied to ``NEXT_PLUGIN_ENV``; [] when there is none."""
+    found = _own_plugin(container, settings)
+    if not found:
+        return []
+    env = container["env"]
+    ops: list[Op] = [
+        {"op": "replace", "path": f"{base}/env/{j}",
+         "value": {"name": PLUGIN_ENV, "value": settings.plugin_path}}
+        for j in found
+    ]  # fmt: skip
+    nxt = {k: v for k, v in env[found[-1]].items() if k != "name"}
+    ops.append({"op": "add", "path": f"{base}/env/-", "value": {"name": NEXT_PLUGIN_ENV, **nxt}})
+    return ops
+
+
+def forwarded(pod: Mapping[str, Any]) -> list[str]:
+    """Containers of an admitted pod whose own plugin collscope's forwards to (for the
+    operator's Warning Event on the live pod)."""
+    return [
+        str(c.get("name", ""))
+        for c in (pod.get("spec") or {}).get("containers") or ()
+        if any(e.get("name") == NEXT_PLUGIN_ENV for e in c.get("env") or ())
+    ]
+
+
+def is_injected(pod: Mapping[str, Any]) -> bool:
+    """Whether the webhook patched this pod (its init container is there)."""
+    inits = (pod.get("spec") or {}).get("initContainers") or ()
+    return any(c.get("name") == INIT_CONTAINER for c in inits)

@@ -92,7 +92,9 @@ def test_existing_env_volumes_and_mounts_win() -> None:
     ]
     assert [c["name"] for c in out["spec"]["initContainers"]] == ["warmup", "collscope-plugin"]
     trainer, sidecar = out["spec"]["containers"]
-    assert env_of(trainer)["NCCL_PROFILER_PLUGIN"] == "mine.so"
+    # The user's own plugin is not kept silently: ours loads and forwards to it.
+    assert env_of(trainer)["NCCL_PROFILER_PLUGIN"] == SETTINGS.plugin_path
+    assert env_of(trainer)["COLLSCOPE_NEXT_PROFILER_PLUGIN"] == "mine.so"
     assert [e["name"] for e in trainer["env"]].count("NCCL_PROFILER_PLUGIN") == 1
     assert "COLLSCOPE_TRACE_DIR" in env_of(trainer)
     # /run/collscope is the user's: our trace volume is not mounted over it.
@@ -111,6 +113,52 @@ def test_patch_only_appends_to_existing_lists() -> None:
         "value": {"name": "collscope-plugin", "emptyDir": {}},
     } in ops
     assert all(op["op"] == "add" for op in ops)
+
+
+def test_a_pods_own_profiler_plugin_is_chained_behind_ours() -> None:
+    """NCCL loads one profiler plugin: a container's own (NCCL Inspector, a vendor plugin) is
+    replaced by collscope's and handed over in COLLSCOPE_NEXT_PROFILER_PLUGIN, verbatim
+    (``valueFrom`` too), and listed for the webhook's warning."""
+    from_cm = {"configMapKeyRef": {"name": "nccl", "key": "plugin"}}
+    user = pod(
+        OPT_IN,
+        containers=[
+            {"name": "inspector", "image": "x",
+             "env": [{"name": "NCCL_PROFILER_PLUGIN", "value": "libnccl-profiler-inspector.so"},
+                     {"name": "RANK", "value": "3"}]},
+            {"name": "vendor", "image": "x",
+             "env": [{"name": "NCCL_PROFILER_PLUGIN", "valueFrom": from_cm}]},
+            {"name": "plain", "image": "x"},
+        ],
+    )  # fmt: skip
+    gone = injection.displaced(user, SETTINGS)
+    assert [(d.container, dict(d.entry)) for d in gone] == [
+        ("inspector", {"value": "libnccl-profiler-inspector.so"}),
+        ("vendor", {"valueFrom": from_cm}),
+    ]
+    assert "libnccl-profiler-inspector.so" in gone[0].describe()
+    out = inject(user)
+    inspector, vendor, plain = (env_of(c) for c in out["spec"]["containers"])
+    for env in (inspector, vendor, plain):
+        assert env["NCCL_PROFILER_PLUGIN"] == SETTINGS.plugin_path
+    assert inspector["COLLSCOPE_NEXT_PROFILER_PLUGIN"] == "libnccl-profiler-inspector.so"
+    assert inspector["RANK"] == "3"
+    assert vendor["COLLSCOPE_NEXT_PROFILER_PLUGIN"] == from_cm
+    assert "COLLSCOPE_NEXT_PROFILER_PLUGIN" not in plain
+    assert injection.forwarded(out) == ["inspector", "vendor"]
+    # Done once: nothing more to chain or to warn about.
+    assert injection.patch(out, SETTINGS) == [] and injection.displaced(out, SETTINGS) == []
+
+
+def test_a_chain_the_user_arranged_is_left_alone() -> None:
+    env = [{"name": "NCCL_PROFILER_PLUGIN", "value": "mine.so"},
+           {"name": "COLLSCOPE_NEXT_PROFILER_PLUGIN", "value": "other.so"}]  # fmt: skip
+    user = pod(OPT_IN, containers=[{"name": "t", "image": "x", "env": env}])
+    assert injection.displaced(user, SETTINGS) == []
+    (c,) = inject(user)["spec"]["containers"]
+    assert env_of(c)["NCCL_PROFILER_PLUGIN"] == "mine.so"
+    assert env_of(c)["COLLSCOPE_NEXT_PROFILER_PLUGIN"] == "other.so"
+    assert not injection.displaced(pod(), SETTINGS) and not injection.forwarded(pod())
 
 
 names = st.sampled_from(["NCCL_PROFILER_PLUGIN", "POD_NAME", "FOO", "COLLSCOPE_TRACE_DIR"])
@@ -151,5 +199,8 @@ def test_any_pod_injected_twice_equals_once(
     for c_before, c_after in zip(
         before["spec"]["containers"], once["spec"]["containers"], strict=True
     ):
-        for e in c_before.get("env", []):  # every user env value survives
-            assert env_of(c_after)[e["name"]] == env_of(c_before)[e["name"]]
+        before_env, after_env = env_of(c_before), env_of(c_after)
+        for name, value in before_env.items():  # every user env value survives
+            chained = opted and name == "NCCL_PROFILER_PLUGIN" and value != SETTINGS.plugin_path
+            # A plugin of the user's own is chained behind ours.
+            assert after_env["COLLSCOPE_NEXT_PROFILER_PLUGIN" if chained else name] == value

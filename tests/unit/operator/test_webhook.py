@@ -1,6 +1,7 @@
 """The injection webhook served by the real operator (kopf's webhook server, plain HTTP on
 127.0.0.1) answering AdmissionReviews as the API server sends them: opted-in pods get the
-plugin patch, others none; a pod that already has everything gets no patch (idempotent)."""
+plugin patch, others none; a pod that already has everything gets no patch (idempotent); a pod
+the handler fails on is admitted unchanged with a warning, never denied."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import base64
 import copy
 import json
+import logging
 import socket
 from typing import Any
 
@@ -20,7 +22,7 @@ pytest.importorskip("pytest_asyncio")
 
 import kopf
 
-from collscope.operator import injection, settings
+from collscope.operator import injection, settings, webhook
 
 pytestmark = [
     pytest.mark.asyncio,
@@ -89,3 +91,44 @@ async def test_opted_in_pods_get_the_plugin_and_others_nothing(harness: Any) -> 
         assert again["allowed"] is True and "patch" not in again
         plain = await review(url, pod({}))
         assert plain["allowed"] is True and "patch" not in plain
+        # A pod the handler raises on (an env that is not a list): admitted, unchanged, warned.
+        broken = pod({"collscope.dev/diagnose": "true"})
+        broken["spec"]["containers"][0]["env"] = "RANK=0"
+        hurt = await review(url, broken)
+        assert hurt["allowed"] is True and "patch" not in hurt and "status" not in hurt
+        (warning,) = hurt["warnings"]
+        assert warning.startswith(webhook.FAILED) and "AttributeError" in warning
+        # A pod with its own profiler plugin: chained behind ours, and the creator is told.
+        inspector = pod({"collscope.dev/diagnose": "true"})
+        inspector["spec"]["containers"][0]["env"] = [
+            {"name": "NCCL_PROFILER_PLUGIN", "value": "libnccl-profiler-inspector.so"}
+        ]
+        chained = await review(url, inspector)
+        assert (
+            chained["allowed"] is True
+            and "libnccl-profiler-inspector.so" in (chained["warnings"][0])
+        )
+        env = jsonpatch.apply_patch(inspector, json.loads(base64.b64decode(chained["patch"])))[
+            "spec"
+        ]["containers"][0]["env"]
+        assert {"name": "COLLSCOPE_NEXT_PROFILER_PLUGIN",
+                "value": "libnccl-profiler-inspector.so"} in env  # fmt: skip
+
+
+async def test_any_failure_admits_unchanged(caplog: pytest.LogCaptureFixture) -> None:
+    """``answer`` turns whatever the patch computation raises into no patch and a warning."""
+
+    def boom(body: Any, config: Any) -> list[Any]:
+        raise RuntimeError("x" * 1000)
+
+    def bad_ops(body: Any, config: Any) -> list[Any]:
+        return [{"op": "replace", "path": "/spec/nothing/0", "value": 1}]
+
+    log = logging.getLogger("test.webhook")
+    opted = pod({"collscope.dev/diagnose": "true"})
+    for plan in (boom, bad_ops):
+        ops, warnings = webhook.answer(opted, injection.InjectionSettings(), log, plan)
+        assert ops == [] and len(warnings) == 1 and warnings[0].startswith(webhook.FAILED)
+        assert len(warnings[0]) <= webhook.WARNING_MAX
+    assert [r.levelname for r in caplog.records] == ["ERROR", "ERROR"]
+    assert all(r.exc_info for r in caplog.records)
