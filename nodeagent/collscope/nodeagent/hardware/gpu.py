@@ -34,18 +34,23 @@ Per GPU ``gpu<index>`` (NVML's index, which follows PCI bus order), each sample 
 ====================================  ==========================================================
 
 The processes on each GPU (nvmlDeviceGetComputeRunningProcesses; host pids, since the agent
-runs with ``hostPID``) map ranks to GPUs without trusting ``CUDA_VISIBLE_DEVICES``.
+runs with ``hostPID``) map ranks to GPUs without trusting ``CUDA_VISIBLE_DEVICES``; each GPU's
+UUID, PCI bus id and minor number (``gpu_inventory``, read once when NVML opens) place it
+(``devicemap``). ``Nvml`` is the part of pynvml's interface this module calls: a fake of it
+(tests, the one-box's file-backed GPUs) stands in for the real library.
 """
+
+# ruff: noqa: N802 - the Nvml Protocol carries pynvml's function names
 
 from __future__ import annotations
 
 import importlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from collscope.nodeagent import errors
-from collscope.nodeagent.hardware import source
+from collscope.nodeagent.hardware import pci, source
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +62,51 @@ KIB = 1024
 # rest are read at the next sample (NVML queues them).
 MAX_XID_PER_SAMPLE = 64
 XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError, if the module does not define it
+
+
+class Nvml(Protocol):
+    """What this module uses of ``pynvml`` (functions take and return pynvml's handles and
+    ctypes structures, or objects with the same attributes)."""
+
+    NVMLError: type[Exception]
+    NVML_SUCCESS: int
+    NVML_ERROR_GPU_IS_LOST: int
+    NVML_ERROR_NOT_SUPPORTED: int
+    NVML_ERROR_TIMEOUT: int
+    NVML_CLOCK_SM: int
+    NVML_TEMPERATURE_GPU: int
+    NVML_PCIE_UTIL_TX_BYTES: int
+    NVML_PCIE_UTIL_RX_BYTES: int
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: int
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: int
+    NVML_MEMORY_ERROR_TYPE_CORRECTED: int
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int
+    NVML_VOLATILE_ECC: int
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any: ...
+    def nvmlDeviceGetUUID(self, h: Any) -> str | bytes: ...
+    def nvmlDeviceGetPciInfo(self, h: Any) -> Any: ...  # .busId
+    def nvmlDeviceGetMinorNumber(self, h: Any) -> int: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]: ...
+    def nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int: ...
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any: ...
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int: ...
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int: ...
+    def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: Any) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: Any) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: Any) -> int: ...
+    def nvmlDeviceGetFieldValues(self, h: Any, fields: list[tuple[int, int]]) -> Any: ...
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, kind: int, counter: int) -> int: ...
+    def nvmlEventSetCreate(self) -> Any: ...
+    def nvmlDeviceRegisterEvents(self, h: Any, types: int, events: Any) -> None: ...
+    def nvmlEventSetWait_v2(self, events: Any, timeout_ms: int) -> Any: ...
+    def nvmlEventSetFree(self, events: Any) -> None: ...
 
 
 class _GpuLostError(Exception):
@@ -76,6 +126,7 @@ class GpuSource(source.Source):
         self._rates = source.RateTracker()
         self._xid_total: dict[int, int] = {}
         self._processes: dict[int, int] = {}
+        self._inventory: list[source.GpuInfo] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _open(self) -> Any:
@@ -101,6 +152,7 @@ class GpuSource(source.Source):
             nvml.nvmlShutdown()
             raise errors.HardwareUnavailable("NVML: no GPU on this node")
         self._nvml, self._handles = nvml, handles
+        self._inventory = [_identity(nvml, i, h) for i, h in enumerate(handles)]
         self._events = {}
         xid_type = getattr(nvml, "nvmlEventTypeXidCriticalError", XID_CRITICAL)
         for i, h in enumerate(handles):
@@ -131,6 +183,9 @@ class GpuSource(source.Source):
 
     def gpu_processes(self) -> dict[int, int]:
         return dict(self._processes)
+
+    def gpu_inventory(self) -> list[source.GpuInfo]:
+        return list(self._inventory)
 
     # -- sampling ----------------------------------------------------------------------------
     def sample(self, now_ns: int) -> list[source.Reading]:
@@ -242,3 +297,25 @@ class GpuSource(source.Source):
             self._xid_total[i] = self._xid_total.get(i, 0) + 1
         out.append(source.Reading(dev, "xid_events_total", float(self._xid_total.get(i, 0))))
         return out
+
+
+def _identity(nvml: Any, i: int, h: Any) -> source.GpuInfo:
+    """A GPU's UUID, PCI bus id and minor number; a field NVML does not give stays None."""
+
+    def ask(fn: Callable[[Any], Any]) -> Any:
+        try:
+            return fn(h)
+        except nvml.NVMLError as e:
+            log.info("gpu%d: %s: %s", i, getattr(fn, "__name__", fn), e)
+            return None
+
+    uuid = ask(nvml.nvmlDeviceGetUUID)
+    pci_info = ask(nvml.nvmlDeviceGetPciInfo)
+    minor = ask(nvml.nvmlDeviceGetMinorNumber)
+    bus = None if pci_info is None else pci.normalise(getattr(pci_info, "busId", b""))
+    return source.GpuInfo(
+        index=i,
+        uuid=(uuid.decode() if isinstance(uuid, bytes) else uuid) or None,
+        pci_bus_id=bus,
+        minor=None if minor is None else int(minor),
+    )

@@ -7,8 +7,8 @@ records (docs/spec/bundle-v1.md) and are kept for ``history_s``, oldest dropped 
 are safe to call from other threads (the HTTP server, the exporter).
 
 ``rank`` of a record: hardware belongs to a node, not to a rank, so records are made with
-rank 0; whoever knows the rank -> device mapping (``gpu_processes`` plus the rings' pids)
-copies them with the right rank (``record.model_copy(update={"rank": r})``).
+rank 0; whoever knows the rank -> device mapping (``devicemap``: the service, which knows the
+rings' processes) gives them the rank of the device's user when it serves a window.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class Sampler:
             for s in self._sources
         }
         self._processes: dict[int, int] = {}
+        self._inventory: list[source.GpuInfo] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Serialises sample_once between the thread and direct callers (sources are not
@@ -98,6 +99,7 @@ class Sampler:
             records: list[models.HwRecord] = []
             statuses: dict[str, source.SourceStatus] = {}
             processes: dict[int, int] = {}
+            inventory: list[source.GpuInfo] = []
             for s in self._sources:
                 readings, status = self._one(s, ts)
                 statuses[s.name] = status
@@ -113,6 +115,7 @@ class Sampler:
                     for r in readings
                 ]
                 processes.update(s.gpu_processes())
+                inventory += s.gpu_inventory()
             with self._lock:
                 self._history.append((ts, records))
                 cutoff = ts - self._history_ns
@@ -120,6 +123,7 @@ class Sampler:
                     self._history.popleft()
                 self._statuses = statuses
                 self._processes = processes
+                self._inventory = inventory
             return records
 
     def _one(self, s: source.Source, ts: int) -> tuple[list[source.Reading], source.SourceStatus]:
@@ -173,3 +177,9 @@ class Sampler:
         """pid -> GPU index from the last sample ({} without NVML)."""
         with self._lock:
             return dict(self._processes)
+
+    def gpu_inventory(self) -> list[source.GpuInfo]:
+        """The node's GPUs (index, UUID, PCI bus id, minor) as NVML last listed them ([]
+        without NVML)."""
+        with self._lock:
+            return list(self._inventory)

@@ -14,6 +14,7 @@ the ``collscope_`` prefix, as docs/spec/bundle-v1.md ``hw`` records use them, wi
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -24,6 +25,17 @@ class Reading(NamedTuple):
     device: str
     metric: str
     value: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuInfo:
+    """Who a GPU is: NVML's index (PCI bus order), UUID (``GPU-...``), PCI bus id as sysfs
+    spells it (``0000:18:00.0``) and the minor number of its ``/dev/nvidia<minor>``."""
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None
+    minor: int | None
 
 
 class SourceStatus(BaseModel):
@@ -54,6 +66,10 @@ class Source(abc.ABC):
     def gpu_processes(self) -> dict[int, int]:
         """pid -> GPU index, as of the last sample; only the GPU source knows any."""
         return {}
+
+    def gpu_inventory(self) -> list[GpuInfo]:
+        """The node's GPUs as of the last time the source opened; only the GPU source knows."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - most sources hold nothing
         """Release handles (NVML, netlink sockets); the source may be sampled again after."""

@@ -40,6 +40,8 @@ class FakeGpu:
     pids: list[int] = dataclasses.field(default_factory=list)
     xids: list[int] = dataclasses.field(default_factory=list)  # pending events, oldest first
     lost: bool = False
+    uuid: str = ""  # "": GPU-<index> made up by the fake
+    bus_id: str = ""  # "": 00000000:<index + 1>:00.0, NVML's spelling
     # nvml function name -> NVML error code it raises on this GPU
     fail: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -84,6 +86,17 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self._gpu(h, "nvmlDeviceGetUUID").uuid or f"GPU-{h:08x}-fake"
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        bus = self._gpu(h, "nvmlDeviceGetPciInfo").bus_id or f"00000000:{h + 1:02x}:00.0"
+        return types.SimpleNamespace(busId=bus.encode())  # pynvml gives bytes
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        self._gpu(h, "nvmlDeviceGetMinorNumber")
+        return h
 
     def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         assert clock == pynvml.NVML_CLOCK_SM
