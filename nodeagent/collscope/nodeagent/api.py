@@ -71,6 +71,18 @@ class RankInfo(_Wire):
     plugin_version: str = ""
     window_from_ns: int | None = None
     window_to_ns: int | None = None
+    # The device map (``hardware/devicemap.py``): the writer's GPU (NVML index, UUID, PCI bus
+    # id; ``gpu_source`` says how it was found) and the NIC NCCL uses from it (``nic``; ``nics``
+    # the candidates left when it is None). What could not be resolved says why in
+    # ``unresolved`` ("gpu: no NVML; ..."), never a guess.
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    gpu_pci_bus_id: str | None = None
+    gpu_source: str = ""
+    nic: str | None = None
+    nics: list[str] = Field(default_factory=list)
+    nic_source: str = ""
+    unresolved: str = ""
 
 
 class RanksResponse(_Wire):
