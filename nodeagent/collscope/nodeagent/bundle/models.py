@@ -63,6 +63,7 @@ class RankInfo(_Model):
     pod: str | None = None
     gpu: NonNeg | None = None
     nic: str | None = None
+    gpu_uuid: str | None = None  # added within v1: NVML's ``GPU-...`` of ``gpu``
 
 
 class Job(_Model):
