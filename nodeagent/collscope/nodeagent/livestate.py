@@ -161,7 +161,9 @@ def comm_records(path: str, rank: int, copies: ringstate.Copies) -> list[models.
         if copies.torn_comms[i]:
             continue
         c = copies.comms[i]
-        check = ringlayout.Checker(path, f"comm slot {copies.slots[i]}", 0)
+        check = ringlayout.Checker(
+            path, f"comm slot {copies.slots[i]}", 0, copies.since_ns, copies.until_ns
+        )
         nranks, comm_rank = check.comm_ranks(int(c["nranks"]), int(c["rank"]), int(c["nnodes"]))
         out.append(
             models.CommRecord(
@@ -214,6 +216,9 @@ def state_rows_batch(parts: list[Part], names: Names) -> list[StateRows]:
         flow_row = flow_row + np.repeat(np.cumsum(sizes) - sizes, nflows)
     part_of = np.repeat(np.arange(len(parts)), sizes)
     taken = np.repeat(np.array([p.taken_ns for p in parts], dtype=np.int64), sizes)
+    # Each ring's plausible times, per comm row (ringlayout.TIME_SLACK_NS): 0 is "not known".
+    since = np.repeat(np.array([p.copies.since_ns for p in parts], dtype=np.int64), sizes)
+    until = np.repeat(np.array([p.copies.until_ns for p in parts], dtype=np.int64), sizes)
     slot_of = _concat([p.copies.slots for p in parts])
 
     def where(row: int) -> tuple[str, int]:
@@ -230,6 +235,7 @@ def state_rows_batch(parts: list[Part], names: Names) -> list[StateRows]:
         _concat([p.copies.torn_comms for p in parts]),
         _concat([p.copies.torn_ops for p in parts]),
         taken,
+        (since, until),
         names,
         where,
     )
@@ -280,17 +286,24 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     torn_comms: npt.NDArray[np.bool_],
     torn_ops: npt.NDArray[np.bool_],
     taken: npt.NDArray[np.int64],
+    span: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
     names: Names,
     where: Callable[[int], tuple[str, int]],
 ) -> tuple[tables.Table, tables.Table]:
-    """States (``rank`` = the comm row, mapped to its part by the caller) and their flows."""
+    """States (``rank`` = the comm row, mapped to its part by the caller) and their flows.
+    ``span``: the plausible times of each comm row's ring (since, until; ns)."""
     ops = comms["ops"]
     live = (comms["state"] != ringlayout.COMM_FREE) & ~torn_comms
     func = ops["func"]
     active = (ops["state"] == ringlayout.OP_ACTIVE) & live[:, None]
     # A torn op slot whose values are out of domain is left out, like the reference does.
     # (seq | bytes) <= INT64_MAX: both are (the top bit of neither is set)
-    sane = _FUNC_OK[func] & ((ops["seq"] | ops["bytes"]) <= _I64_MAX) & (ops["start_ns"] >= 0)
+    since, until = span
+    sane = (
+        _FUNC_OK[func]
+        & ((ops["seq"] | ops["bytes"]) <= _I64_MAX)
+        & _plausible(ops["start_ns"], since[:, None], until[:, None])
+    )
     bad = active & ~(sane | torn_ops)
     if bad.any():
         i, j = (int(x[0]) for x in np.nonzero(bad))
@@ -326,7 +339,7 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
         & (f["state"] < len(ringlayout.FLOW_STATE_NAMES))
         & (f["peer"] >= 0)
         & (f["peer"] < comms["nranks"][row])
-        & (f["last_progress_ns"] >= 0)
+        & _plausible(f["last_progress_ns"], since[row], until[row])
     )
     bad = ~(fl.torn[cand] | good)
     if bad.any():
@@ -378,6 +391,13 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     states["flow_lo"] = hi - counts
     states["flow_hi"] = hi
     return states, flows
+
+
+def _plausible(t: npt.NDArray[Any], since: Any, until: Any) -> npt.NDArray[np.bool_]:
+    """Whether times are 0 ("not known") or inside their ring's plausible span (both
+    bounds within int64, so an unsigned time above it is implausible, not wrapped)."""
+    ok: npt.NDArray[np.bool_] = (t == 0) | ((t >= since) & (t <= until))
+    return ok
 
 
 def _order(row: npt.NDArray[np.intp], f: npt.NDArray[Any]) -> npt.NDArray[np.int64]:

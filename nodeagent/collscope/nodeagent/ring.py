@@ -1,4 +1,4 @@
-"""Reads a trace ring file written by the native profiler plugin, zero-copy over a read-only mmap.
+"""Reads a trace ring file written by the native profiler plugin, with ``pread``, never a mapping.
 
 The plugin (``native/``, issue 3) writes one file per training process: a header (identity and
 counters), a live-state region (per communicator the ops in flight and, per (channel, peer,
@@ -11,10 +11,14 @@ reader protocol; ``ringlayout`` mirrors it. Usage::
         snap = r.snapshot()                        # live state, seqlock-consistent
         events, cursor, missed = r.events_since(0) # completion + communicator records
 
-Distrust (STYLE habit 11): ``open`` checks magic, version, every size, count and region bound
-against the header's constants and the file size; every read re-checks that the file has not
-shrunk (a read past the end of a shrunk mapping would be SIGBUS, not an exception) and checks
-every value it hands out (enumeration codes, ranks, times). Anything off raises
+Distrust (STYLE habit 11, issue 15 item 3: the file belongs to a tenant who may be hostile):
+``open`` takes only a regular file (no symlink, no FIFO, at most ``MAX_FILE_BYTES``) and checks
+magic, version, every size, count and region bound against the header's constants and the
+file size. Every read is a ``pread`` into a private copy: a file truncated while the agent
+reads it gives a short read, a ``RingCorrupt`` for that ring (a mapping gave SIGBUS: the
+size check and the copy cannot be made atomic). Every value handed out is checked
+(enumeration codes, ranks, and times: inside ``[plugin init, reader's clock]`` with
+``ringlayout.TIME_SLACK_NS`` either side). Anything off raises
 ``errors.RingCorrupt`` naming file, region, offset, field and reason; an unknown layout version
 raises ``errors.RingVersionMismatch``. Never ``IndexError``, never garbage.
 
@@ -30,10 +34,10 @@ seqlock copies), ``ringevents`` (the event ring), ``ringrecords`` (bundle-v1 rec
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import mmap
+import errno
 import os
+import stat
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -78,32 +82,53 @@ class Identity:
     event_slots: int
 
 
+# The plugin clamps its ring to COLLSCOPE_RING_BYTES_MAX (native/include/collscope_ring.h): a
+# larger file is not one it wrote, and its event region would be read whole on the first pass.
+MAX_FILE_BYTES: Final = 256 * 2**20
+
+
 def open(path: str | os.PathLike[str], *, clock: Callable[[], int] = time.time_ns) -> Ring:
-    """Map ``path`` read-only and validate its header; the result is a context manager.
+    """Open ``path`` and validate its header; the result is a context manager.
 
     ``clock`` returns CLOCK_REALTIME nanoseconds (the plugin's clock): it stamps snapshots,
-    from which idle times are computed. ``OSError`` (missing file, no permission) propagates
-    as it is; a file that is not a valid ring raises ``RingCorrupt``/``RingVersionMismatch``.
+    from which idle times are computed, and bounds the times the ring may hold. The file is
+    under its tenant's control: it is opened without following a symlink and without blocking
+    (a FIFO would hang the reader), and must be a regular file of at most ``MAX_FILE_BYTES``.
+    ``OSError`` (missing file, no permission) propagates as it is; a symlink, a file that is
+    not regular or not a valid ring raises ``RingCorrupt``/``RingVersionMismatch``.
     """
     name = os.fspath(path)
-    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        size = os.fstat(fd).st_size
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise errors.RingCorrupt(
+                name, "is a symbolic link: rings are read only as regular files", region="file"
+            ) from e
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise errors.RingCorrupt(
+                name,
+                f"is not a regular file (mode {stat.filemode(st.st_mode)})",
+                region="file",
+            )
+        size = st.st_size
         if size < ringlayout.HEADER_BYTES:
             raise errors.RingCorrupt(
-                str(name),
+                name,
                 f"file is {size} bytes, shorter than the {ringlayout.HEADER_BYTES}-byte header",
                 region="file",
             )
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        if size > MAX_FILE_BYTES:
+            raise errors.RingCorrupt(
+                name,
+                f"file is {size} bytes, larger than a plugin writes ({MAX_FILE_BYTES})",
+                region="file",
+            )
+        return Ring(name, fd, size, clock)
     except BaseException:
-        os.close(fd)
-        raise
-    try:
-        return Ring(str(name), fd, mm, size, clock)
-    except BaseException:
-        with contextlib.suppress(BufferError):  # see Ring.close
-            mm.close()
         os.close(fd)
         raise
 
@@ -117,35 +142,34 @@ class _Layout:
 
 
 class Ring:
-    """An open ring file. Use ``ring.open``; close it (or use ``with``) to unmap."""
+    """An open ring file. Use ``ring.open``; close it (or use ``with``) to close the file.
 
-    def __init__(
-        self, path: str, fd: int, mm: mmap.mmap, size: int, clock: Callable[[], int]
-    ) -> None:
+    Every read is a ``pread`` into a private copy, never a mapping: the tenant can truncate
+    its file at any instant, and a mapped page past the new end is SIGBUS (the whole agent
+    dies), where a short ``pread`` is a ``RingCorrupt`` for this ring.
+    """
+
+    def __init__(self, path: str, fd: int, size: int, clock: Callable[[], int]) -> None:
         self.path = path
-        self._fd = fd
-        self._mm: mmap.mmap | None = mm
+        self._fd: int | None = fd
         self._clock = clock
-        # Validate a copy first: a view alive in a traceback would keep mmap.close() from
-        # releasing the mapping when validation fails.
-        first = _copy(np.frombuffer(mm, ringlayout.HEADER, count=1, offset=0))
+        first = self._header()
         self._layout = _validate_header(path, first, size)
         self.identity = _identity(path, first, self._layout)
-        self._header: npt.NDArray[Any] | None = np.frombuffer(
-            mm, ringlayout.HEADER, count=1, offset=0
-        )
-        comms = np.frombuffer(
-            mm, ringlayout.COMM_SLOT, count=ringlayout.COMM_SLOTS, offset=self._layout.comm_offset
-        )
-        self._events: npt.NDArray[Any] | None = np.frombuffer(
-            mm, ringlayout.EVENT, count=self._layout.event_slots, offset=self._layout.event_offset
-        )
-        self._region: ringstate.Region | None = ringstate.Region(comms)
-        # The header as 64-bit words: magic and the write index read without a structured
-        # field lookup (microseconds each, twice per ring per tick).
-        self._words: npt.NDArray[np.uint64] | None = np.frombuffer(
-            mm, "<u8", count=ringlayout.HEADER_BYTES // 8, offset=0
-        )
+        init = self.identity.init_ns
+        until = clock() + ringlayout.TIME_SLACK_NS
+        if not ringlayout.EPOCH_FLOOR_NS <= init <= until:
+            raise errors.RingCorrupt(
+                path,
+                f"plugin init time {init} is outside [{ringlayout.EPOCH_FLOOR_NS}, {until}] "
+                "(2020-01-01 .. the reader's clock + "
+                f"{ringlayout.TIME_SLACK_NS // 10**9} s)",
+                region="header",
+                offset=ringlayout.field_offset(ringlayout.HEADER, "init_realtime_ns"),
+                field="init_realtime_ns",
+            )
+        # Times before this are not plausible: the plugin writes none before its own init.
+        self._floor_ns = init - ringlayout.TIME_SLACK_NS
 
     def __enter__(self) -> Self:
         return self
@@ -159,22 +183,14 @@ class Ring:
         self.close()
 
     def close(self) -> None:
-        """Unmap and close the file; idempotent. Snapshots and events already read stay valid."""
-        if self._mm is None:
-            return
-        # numpy views export the mmap's buffer: drop ours first. A view can outlive them in
-        # the frames of a traceback being handled (RingCorrupt raised mid-read inside a
-        # `with`): mmap then refuses to close, and the mapping goes with the last view.
-        self._header = self._events = None
-        self._region = self._words = None
-        mm, self._mm = self._mm, None
-        with contextlib.suppress(BufferError):
-            mm.close()
-        os.close(self._fd)
+        """Close the file; idempotent. Snapshots and events already read stay valid."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def status(self) -> ringstate.Status:
         """The header's live fields now: ring state, API version in use, counters, heartbeat."""
-        return ringstate.status(self.path, _copy(self._live()[0]))
+        return ringstate.status(self.path, self._live())
 
     def snapshot(self, *, retries: int = SEQLOCK_RETRIES) -> ringstate.Snapshot:
         """A copy of the live state, consistent per slot (header protocol §1 and §2).
@@ -184,10 +200,12 @@ class Ring:
         (a writer frozen mid-write) are taken as they are and marked ``torn``; the snapshot is
         then ``consistent=False``. Never blocks, never waits for the writer.
         """
-        header, region, _ = self._live()
+        header = self._live()
         taken_ns = self._clock()
-        status = ringstate.status(self.path, _copy(header))
-        copies = ringstate.seqlock_copy(region, max(1, retries))
+        status = ringstate.status(self.path, header)
+        copies = ringstate.seqlock_copy(
+            self._comm_slots, max(1, retries), span=self._span(taken_ns)
+        )
         return ringstate.snapshot(
             self.path, self._layout.comm_offset, copies, status=status, taken_ns=taken_ns
         )
@@ -202,15 +220,18 @@ class Ring:
         (None unless ``with_status``) costs as much as a quarter of the copy: a 10 Hz reader
         may take it less often.
         """
-        header, region, _ = self._live()
+        header = self._live()
         taken_ns = self._clock()
-        status = ringstate.status(self.path, _copy(header)) if with_status else None
-        return status, ringstate.seqlock_copy(region, max(1, retries)), taken_ns
+        status = ringstate.status(self.path, header) if with_status else None
+        copies = ringstate.seqlock_copy(
+            self._comm_slots, max(1, retries), span=self._span(taken_ns)
+        )
+        return status, copies, taken_ns
 
     def first_cursor(self) -> int:
         """The write index of the oldest record still in the ring (a cursor missing nothing)."""
-        self._live()  # checks that the file is still whole
-        return max(0, int(self._words_now()[_WRITTEN]) - self._layout.event_slots)
+        written = int(self._live()["events_written"])
+        return max(0, written - self._layout.event_slots)
 
     def events_since(
         self, cursor: int, *, skip_pending: bool = False
@@ -226,9 +247,8 @@ class Ring:
         """
         if cursor < 0:
             raise ValueError(f"cursor must be >= 0 (got {cursor})")
-        _, _, events = self._live()
         n = self._layout.event_slots
-        written = int(self._words_now()[_WRITTEN])
+        written = int(self._live()["events_written"])
         if cursor > written:
             raise errors.RingCorrupt(
                 self.path,
@@ -245,25 +265,49 @@ class Ring:
         if start == written:
             return [], written, missed
         records, stop, lost = ringevents.read(
-            self.path, self._layout.event_offset, events, start, written, skip_pending=skip_pending
+            self.path,
+            self._event_records,
+            start,
+            written,
+            region_offset=self._layout.event_offset,
+            slot_count=n,
+            skip_pending=skip_pending,
+            span=self._span(self._clock()),
         )
         return records, stop, missed + lost
 
-    def _words_now(self) -> npt.NDArray[np.uint64]:
-        """The header's words; call after ``_live`` (which checks the file is whole)."""
-        assert self._words is not None
-        return self._words
+    def _span(self, now_ns: int) -> tuple[int, int]:
+        """The times this ring may hold when read at ``now_ns`` (ns, inclusive)."""
+        return self._floor_ns, now_ns + ringlayout.TIME_SLACK_NS
 
-    def _live(self) -> tuple[npt.NDArray[Any], ringstate.Region, npt.NDArray[Any]]:
-        """The mapped views (header, live region, events), after checking the file is still
-        whole (a read past EOF is SIGBUS)."""
-        if (
-            self._header is None
-            or self._region is None
-            or self._events is None
-            or self._words is None
-        ):
+    def _pread(self, size: int, offset: int, region: str) -> bytes:
+        """``size`` bytes at ``offset``, or ``RingCorrupt`` when the file ends before them."""
+        if self._fd is None:
             raise ValueError(f"{self.path}: ring is closed")
+        data = os.pread(self._fd, size, offset)
+        if len(data) < size:
+            raise errors.RingCorrupt(
+                self.path,
+                f"file ends inside a read of {size} bytes at {offset} (got {len(data)}): "
+                "truncated while open",
+                region=region,
+                offset=offset,
+            )
+        return data
+
+    def _header(self) -> np.void:
+        record: np.void = np.frombuffer(
+            self._pread(ringlayout.HEADER_BYTES, 0, "header"), ringlayout.HEADER
+        )[0]
+        return record
+
+    def _live(self) -> np.void:
+        """The header now, after checking that the file is still whole and its magic still
+        the plugin's. The size check says early and the same way for every read that the
+        file shrank; it cannot be atomic with the reads that follow, whose short reads are
+        what keeps a later truncation from doing harm."""
+        h = self._header()
+        assert self._fd is not None  # _header checked it
         size = os.fstat(self._fd).st_size
         if size < self._layout.file_size:
             raise errors.RingCorrupt(
@@ -271,7 +315,7 @@ class Ring:
                 f"file shrank to {size} bytes while open; the header says {self._layout.file_size}",
                 region="file",
             )
-        magic = int(self._words[_MAGIC])
+        magic = int(h["magic"])
         if magic != ringlayout.MAGIC:
             raise errors.RingCorrupt(
                 self.path,
@@ -280,17 +324,25 @@ class Ring:
                 offset=0,
                 field="magic",
             )
-        return self._header, self._region, self._events
+        return h
 
+    def _comm_slots(self, lo: int, hi: int) -> ringstate.Region:
+        """A copy of comm slots ``[lo, hi)`` (``ringstate.Read``)."""
+        size = ringlayout.COMM_SLOT.itemsize
+        data = self._pread((hi - lo) * size, self._layout.comm_offset + lo * size, "comms")
+        return ringstate.Region(np.frombuffer(data, ringlayout.COMM_SLOT))
 
-_MAGIC: Final = ringlayout.field_offset(ringlayout.HEADER, "magic") // 8
-_WRITTEN: Final = ringlayout.field_offset(ringlayout.HEADER, "events_written") // 8
-
-
-def _copy(header: npt.NDArray[Any]) -> np.void:
-    """A copy of the mapped header: one memcpy (a structured copy goes field by field)."""
-    record: np.void = header.view(np.uint8).copy().view(ringlayout.HEADER)[0]
-    return record
+    def _event_records(self, first: int, count: int) -> npt.NDArray[Any]:
+        """A copy of the records of write indices ``[first, first + count)`` in index order
+        (``ringevents.Fetch``): one read, two where the window wraps past the last slot."""
+        n, at = self._layout.event_slots, self._layout.event_offset
+        size = ringlayout.EVENT_BYTES
+        s = first % n
+        head = min(count, n - s)
+        data = self._pread(head * size, at + s * size, "events")
+        if count > head:
+            data += self._pread((count - head) * size, at, "events")
+        return np.frombuffer(data, ringlayout.EVENT)
 
 
 def _validate_header(path: str, h: np.void, size: int) -> _Layout:

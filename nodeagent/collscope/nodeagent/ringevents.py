@@ -12,7 +12,8 @@ point and handles cursors.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -67,38 +68,62 @@ class CommEvent:
 Event = OpEvent | CommEvent
 
 
+# Copies the records of write indices ``[first, first + count)`` now, in index order (slot
+# ``index % slot count``), from the file (``ring.Ring`` preads them).
+Fetch = Callable[[int, int], npt.NDArray[Any]]
+
+# Records read per pass: the three copies of a pass are 3 x 1 MiB however large the ring
+# (a 256 MiB ring holds 4 M records).
+CHUNK: Final = 16384
+
+
 def read(
     path: str,
-    region_offset: int,
-    events: npt.NDArray[Any],
+    fetch: Fetch,
     start: int,
     written: int,
     *,
+    region_offset: int,
+    slot_count: int,
     skip_pending: bool = False,
+    span: tuple[int, int] = (0, ringlayout.INT64_MAX),
 ) -> tuple[list[Event], int, int]:
-    """Records ``[start, written)`` of the mapped region ``events``: ``(records, stop, missed)``.
+    """Records ``[start, written)`` of the ring: ``(records, stop, missed)``.
 
-    ``start >= written - len(events)`` (the caller has skipped what was lapped). Reads every
-    commit word, copies the slots, reads the commit words again: a record is delivered when both
-    readings equal its index, missed when a later lap overwrote it. The first record reserved
-    but not committed yet (``idx`` busy or older) ends the read at ``stop``, so that the next
-    call resumes there and records stay in write order; with ``skip_pending`` it counts as
-    missed instead (a writer that died between reserving and committing never commits).
+    ``start >= written - slot_count`` (the caller has skipped what was lapped). Copies every
+    commit word, then the records, then the commit words again (three reads of the file: see
+    ``ringstate.seqlock_copy`` for why not two): a record is delivered when both readings equal
+    its index, missed when a later lap overwrote it. The first record reserved but not
+    committed yet (``idx`` busy or older) ends the read at ``stop``, so that the next call
+    resumes there and records stay in write order; with ``skip_pending`` it counts as missed
+    instead (a writer that died between reserving and committing never commits). Times
+    outside ``span`` (ns, inclusive) are corrupt. Reads ``CHUNK`` records at a time.
     """
-    index = np.arange(start, written, dtype=np.uint64)
-    slots = (index % np.uint64(len(events))).astype(np.int64)
-    before = events["idx"][slots]
-    data = events[slots]
-    after = events["idx"][slots]
-    pending = (before == np.uint64(ringlayout.EVENT_IDX_BUSY)) | (before < index)
-    stop = len(index) if skip_pending or not pending.any() else int(np.argmax(pending))
-    good = ((before == index) & (after == index))[:stop]
-    records = _decode(path, region_offset, data[:stop][good], slots[:stop][good])
-    return records, start + stop, stop - len(records)
+    out: list[Event] = []
+    at = start
+    while at < written:
+        count = min(CHUNK, written - at)
+        index = np.arange(at, at + count, dtype=np.uint64)
+        before = fetch(at, count)["idx"]
+        data = fetch(at, count)
+        after = fetch(at, count)["idx"]
+        slots = (index % np.uint64(slot_count)).astype(np.int64)
+        pending = (before == np.uint64(ringlayout.EVENT_IDX_BUSY)) | (before < index)
+        stop = count if skip_pending or not pending.any() else int(np.argmax(pending))
+        good = ((before == index) & (after == index))[:stop]
+        out += _decode(path, region_offset, data[:stop][good], slots[:stop][good], span)
+        at += stop
+        if stop < count:
+            break
+    return out, at, at - start - len(out)
 
 
 def _decode(
-    path: str, region_offset: int, rows: npt.NDArray[Any], slots: npt.NDArray[np.int64]
+    path: str,
+    region_offset: int,
+    rows: npt.NDArray[Any],
+    slots: npt.NDArray[np.int64],
+    span: tuple[int, int],
 ) -> list[Event]:
     """Committed records -> ``OpEvent``/``CommEvent``, each value checked (protocol §3)."""
     out: list[Event] = []
@@ -112,7 +137,7 @@ def _decode(
     comm_names = ringlayout.COMM_RECORD.names or ()
     for k, kind in enumerate(kinds):
         offset = region_offset + int(slots[k]) * ringlayout.EVENT_BYTES
-        check = ringlayout.Checker(path, "events", offset)
+        check = ringlayout.Checker(path, "events", offset, *span)
         if kind == ringlayout.EV_OP:
             r = dict(zip(op_names, ops[k], strict=True))
             flags = r["flags"]

@@ -367,6 +367,17 @@ def field_size(dtype: np.dtype[np.void], name: str) -> int:
 # bundle-v1 stores times, sizes and sequence numbers as signed 64-bit integers.
 INT64_MAX: Final = 2**63 - 1
 
+# Plausible times (issue 15 item 3). Every time a ring hands out is CLOCK_REALTIME ns written
+# by its tenant: one far from the job's life (a comm with ``init_ns = 1``) made analysis ask
+# for a list of 1.8e9 ticks. A ring's times must lie between the plugin's own init time and
+# the reader's clock (same machine, same clock), with this much slack either side for a clock
+# step (NTP slews; a step of a minute is already an incident) and for the reader's clock being
+# read just before a record it copies.
+TIME_SLACK_NS: Final = 60 * 10**9
+# The plugin's init time itself must be after 2020-01-01T00:00Z: no machine running this
+# plugin (NCCL 2.23+, 2024) has an earlier CLOCK_REALTIME.
+EPOCH_FLOOR_NS: Final = 1_577_836_800 * 10**9
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Checker:
@@ -375,6 +386,9 @@ class Checker:
     path: str
     region: str
     offset: int
+    # Times outside [since_ns, until_ns] are not plausible (0 stays "not yet known").
+    since_ns: int = 0
+    until_ns: int = INT64_MAX
 
     def corrupt(self, field: str, reason: str) -> errors.RingCorrupt:
         return errors.RingCorrupt(
@@ -387,7 +401,15 @@ class Checker:
         return value
 
     def time(self, field: str, value: int) -> int:
-        """A CLOCK_REALTIME time in ns: never negative (0 = not yet known)."""
+        """A CLOCK_REALTIME time in ns: 0 (not yet known) or inside the ring's plausible span
+        ``[since_ns, until_ns]``."""
+        if value and not self.since_ns <= value <= self.until_ns:
+            raise self.corrupt(
+                field,
+                f"time {value} is outside the ring's plausible span [{self.since_ns}, "
+                f"{self.until_ns}] (plugin init - {TIME_SLACK_NS // 10**9} s .. reader's "
+                f"clock + {TIME_SLACK_NS // 10**9} s)",
+            )
         return self.at_most(field, value, INT64_MAX)
 
     def name(self, field: str, code: int, names: tuple[str | None, ...]) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+from collections.abc import Callable
 from typing import Any, Final
 
 import numpy as np
@@ -182,6 +183,10 @@ class Copies:
     torn_ops: npt.NDArray[np.bool_]  # (m, OPS_PER_COMM)
     torn_flows: npt.NDArray[np.bool_]  # (k,)
     attempts: int
+    # The ring's plausible span (its plugin's init time .. the reader's clock at the copy,
+    # ringlayout.TIME_SLACK_NS either side): times outside are rejected when decoded.
+    since_ns: int = 0
+    until_ns: int = ringlayout.INT64_MAX
 
     def flow(self, comm_slot: int, flow_slot: int) -> np.void | None:
         """The copy of one flow slot, None when it was not copied (free, or a free comm)."""
@@ -253,20 +258,42 @@ assert _STEPS.stop - _STEPS.start == 4 * 5
 
 
 class Region:
-    """Plain views of a mapped live region (``(COMM_SLOTS,) COMM_SLOT``), made once per ring:
-    a structured field view costs microseconds to make, and a tick reads a dozen of them."""
+    """Plain views of a copy of comm slots (``(n,) COMM_SLOT``). A structured field view costs
+    microseconds to make; each read of an attempt uses a few plain views, made when asked."""
 
-    __slots__ = ("flow_seq", "flow_word", "flows", "heads", "raw", "u32", "word")
+    __slots__ = ("raw", "u32")
 
     def __init__(self, live: npt.NDArray[Any]) -> None:
-        n = len(live)
-        self.raw = live.view(np.uint8).reshape(n, live.dtype.itemsize)
+        self.raw = live.view(np.uint8).reshape(len(live), live.dtype.itemsize)
         self.u32 = self.raw.view("<u4")  # (n, slot bytes / 4): seqlocks by column
-        self.word = self.raw[:, :8].view("<u8")[:, 0]  # (n,) seqlock | state << 32
-        self.heads = self.raw[:, :_FLOWS].reshape(n, _UNITS, _OP_BYTES)
-        self.flows = self.raw[:, _FLOWS:].reshape(n, ringlayout.FLOWS_PER_COMM, _FLOW_BYTES)
-        self.flow_word = self.flows[:, :, :8].view("<u8")[:, :, 0]  # seqlock | dir << 32 ...
-        self.flow_seq = self.flows[:, :, :4].view("<u4")[:, :, 0]
+
+    @property
+    def word(self) -> npt.NDArray[np.uint64]:
+        """(n,) seqlock | state << 32 of each comm slot."""
+        word: npt.NDArray[np.uint64] = self.raw[:, :8].view("<u8")[:, 0]
+        return word
+
+    @property
+    def heads(self) -> npt.NDArray[np.uint8]:
+        """(n, units, OP_SLOT bytes): identity and counters, then the op slots."""
+        return self.raw[:, :_FLOWS].reshape(len(self.raw), _UNITS, _OP_BYTES)
+
+    @property
+    def flows(self) -> npt.NDArray[np.uint8]:
+        """(n, FLOWS_PER_COMM, FLOW_SLOT bytes)."""
+        return self.raw[:, _FLOWS:].reshape(len(self.raw), ringlayout.FLOWS_PER_COMM, _FLOW_BYTES)
+
+    @property
+    def flow_word(self) -> npt.NDArray[np.uint64]:
+        """(n, FLOWS_PER_COMM) seqlock | dir << 32 ... of each flow slot."""
+        word: npt.NDArray[np.uint64] = self.flows[:, :, :8].view("<u8")[:, :, 0]
+        return word
+
+    @property
+    def flow_seq(self) -> npt.NDArray[np.uint32]:
+        """(n, FLOWS_PER_COMM) seqlock of each flow slot."""
+        seq: npt.NDArray[np.uint32] = self.flows[:, :, :4].view("<u4")[:, :, 0]
+        return seq
 
 
 def status(path: str, h: np.void) -> Status:
@@ -277,8 +304,15 @@ def status(path: str, h: np.void) -> Status:
     return Status(state=state, **values)
 
 
-def seqlock_copy(region: Region, retries: int) -> Copies:
-    """Copy the live communicators of ``region`` slot by slot under seqlocks (protocol §1).
+# Reads comm slots ``[lo, hi)`` of the ring now, into a private copy (``ring.Ring`` preads
+# them: a read of a file the tenant truncated is an error, where a mapping would be SIGBUS).
+Read = Callable[[int, int], Region]
+
+
+def seqlock_copy(
+    read: Read, retries: int, *, span: tuple[int, int] = (0, ringlayout.INT64_MAX)
+) -> Copies:
+    """Copy the live communicators under seqlocks (protocol §1), through ``read``.
 
     Which slots: a comm slot whose first word shows an even seqlock and state FREE is free at
     that instant and left out; every other comm slot is copied (identity, counters and op
@@ -287,32 +321,42 @@ def seqlock_copy(region: Region, retries: int) -> Copies:
     that is 28 KiB of the 152 KiB region, and the decode sees only those slots.
 
     "Shows": the first 8 bytes of a slot are its seqlock and its state (comm) or dir (flow),
-    read with one aligned 8-byte load (numpy copies aligned 8-byte items whole), so both come
-    from the same instant: an even seqlock means no write was in progress then.
+    copied as one aligned 8-byte word, so both come from the same instant.
 
-    Each copied slot is bracketed by two readings of its seqlock; a slot whose readings agree
-    and are even is final. Later attempts re-read only the slots still unstable. After
-    ``retries`` attempts the remaining slots keep their latest copy, flagged torn. The copies
-    are the protocol's values: a QUEUED flow's step counters are zeroed (header protocol §2,
-    version 2: the writer leaves the previous op's there until the flow runs).
+    An attempt is three reads, each a private copy of the file: the seqlocks before (the
+    whole region: it also says which slots are live), the slots (from the first to the last
+    live comm slot), the seqlocks after. Three, not two: a read's loads are ordered with the
+    next read's (one system call after another) but not necessarily among themselves (the
+    kernel's fast-string copy), so a slot's seqlock and its data are never taken from the
+    same read. A slot whose readings agree and are even is final. Later attempts re-read only
+    the slots still unstable. After ``retries`` attempts the remaining slots keep their latest
+    copy, flagged torn. The copies are the protocol's values: a QUEUED flow's step counters
+    are zeroed (header protocol §2, version 2: the writer leaves the previous op's there until
+    the flow runs). ``span`` (the ring's plausible times, ns) travels with them.
     """
-    sel = np.flatnonzero(region.word & _COMM_IN_USE)
-    rows = sel[:, None]
-    before = region.u32[rows, _SEQ_COLS]  # (m, 1 + OPS_PER_COMM)
-    head = region.raw[sel, :_FLOWS]  # one gather: identity, counters, op slots
-    after = region.u32[rows, _SEQ_COLS]
-    fr, fc = np.nonzero(region.flow_word[sel] & _FLOW_IN_USE)
+    a = read(0, ringlayout.COMM_SLOTS)
+    sel = np.flatnonzero(a.word & _COMM_IN_USE)
+    fr, fc = np.nonzero(a.flow_word[sel] & _FLOW_IN_USE)
     frow = sel[fr]
-    f1 = region.flow_seq[frow, fc]
-    flows = region.flows[frow, fc]  # (k, 64)
-    f2 = region.flow_seq[frow, fc]
+    before = a.u32[sel[:, None], _SEQ_COLS]  # (m, 1 + OPS_PER_COMM)
+    f1 = a.flow_seq[frow, fc]
+    if len(sel):
+        lo = int(sel[0])
+        b = read(lo, int(sel[-1]) + 1)
+        c = read(lo, int(sel[-1]) + 1)
+    else:
+        lo, b, c = 0, a, a
+    head = b.raw[sel - lo, :_FLOWS]  # one gather: identity, counters, op slots
+    flows = b.flows[frow - lo, fc]  # (k, 64)
+    after = c.u32[(sel - lo)[:, None], _SEQ_COLS]
+    f2 = c.flow_seq[frow - lo, fc]
     if _held(before, after) and _held(f1, f2):  # the usual case: nothing was being written
         need, fneed, attempt = _CLEAN_HEADS[: len(sel)], _CLEAN_FLOWS[: len(fr)], 1
     else:
         need = (before != after) | (before & 1).astype(bool)
         fneed = (f1 != f2) | (f1 & 1).astype(bool)
         attempt = _retry(
-            region, retries, sel=sel, head=head, need=need, at=(frow, fc), flows=flows, fneed=fneed
+            read, retries, sel=sel, head=head, need=need, at=(frow, fc), flows=flows, fneed=fneed
         )
     queued = flows[:, _FLOW_STATE] == ringlayout.FLOW_QUEUED
     if queued.any():
@@ -329,11 +373,13 @@ def seqlock_copy(region: Region, retries: int) -> Copies:
         torn_ops=need[:, 1:],
         torn_flows=fneed,
         attempts=attempt,
+        since_ns=span[0],
+        until_ns=span[1],
     )
 
 
 def _retry(
-    region: Region,
+    read: Read,
     retries: int,
     *,
     sel: npt.NDArray[np.intp],
@@ -345,7 +391,8 @@ def _retry(
 ) -> int:
     """Attempts 2 .. ``retries`` on the slots whose seqlock did not hold (``need``: comm
     identities and op slots by row of ``head``; ``fneed``: flow slots at ``at``, (comm slot,
-    flow slot) pairs), updating copies and flags in place; returns the attempts made."""
+    flow slot) pairs), updating copies and flags in place; returns the attempts made. Each
+    attempt reads the comm slots from the first to the last still unstable, three times."""
     frow, fc = at
     attempt = 1
     while attempt < retries and (need.any() or fneed.any()):
@@ -354,13 +401,24 @@ def _retry(
             # A writer preempted mid-write holds its seqlock odd for a scheduling quantum:
             # let it run if it shares our CPU (a yield, not a wait).
             os.sched_yield()
-        _retry_heads(region, sel, head, need)
+        ri = np.flatnonzero(need.any(axis=1))
         idx = np.flatnonzero(fneed)
+        slots = np.concatenate((sel[ri], frow[idx]))
+        lo, hi = int(slots.min()), int(slots.max()) + 1
+        a, b, c = read(lo, hi), read(lo, hi), read(lo, hi)
+        if len(ri):
+            src = sel[ri] - lo
+            s1 = a.u32[src[:, None], _SEQ_COLS]
+            u, v = np.nonzero(need[ri][:, _UNIT_COL])
+            # the latest try, held or not
+            head.reshape(len(head), _UNITS, _OP_BYTES)[ri[u], v] = b.heads[src[u], v]
+            s2 = c.u32[src[:, None], _SEQ_COLS]
+            need[ri] &= (s1 != s2) | (s1 & 1).astype(bool)
         if len(idx):
-            r, c = frow[idx], fc[idx]
-            s1 = region.flow_seq[r, c]
-            flows[idx] = region.flows[r, c]  # final where the seqlock held, the latest try else
-            s2 = region.flow_seq[r, c]
+            r, k = frow[idx] - lo, fc[idx]
+            s1 = a.flow_seq[r, k]
+            flows[idx] = b.flows[r, k]  # final where the seqlock held, the latest try else
+            s2 = c.flow_seq[r, k]
             fneed[idx] = (s1 != s2) | (s1 & 1).astype(bool)
     return attempt
 
@@ -369,24 +427,6 @@ def _held(s1: npt.NDArray[np.uint32], s2: npt.NDArray[np.uint32]) -> bool:
     """Whether every seqlock read twice held: same value both times, and even. Cheaper than
     the per-slot flags when it holds (bytes compared, not a chain of numpy operations)."""
     return s1.tobytes() == s2.tobytes() and not (s1 & 1).any()
-
-
-def _retry_heads(
-    region: Region, sel: npt.NDArray[np.intp], head: npt.NDArray[np.uint8], need: Any
-) -> None:
-    """Copy again the identities and op slots of ``need`` (rows of ``head``), in place; a
-    comm identity's retry copies its counters too, never its ops and flows."""
-    ri = np.flatnonzero(need.any(axis=1))
-    if not len(ri):
-        return
-    src = sel[ri]
-    s1 = region.u32[src[:, None], _SEQ_COLS]
-    units = need[ri][:, _UNIT_COL]
-    a, b = np.nonzero(units)
-    got = region.heads[src[a], b]
-    s2 = region.u32[src[:, None], _SEQ_COLS]
-    head.reshape(len(head), _UNITS, _OP_BYTES)[ri[a], b] = got  # the latest try, held or not
-    need[ri] &= (s1 != s2) | (s1 & 1).astype(bool)
 
 
 def snapshot(
@@ -399,13 +439,14 @@ def snapshot(
     """
     out: list[CommState] = []
     torn = 0
+    span = (copies.since_ns, copies.until_ns)
     size = ringlayout.COMM_SLOT.itemsize
     bounds = np.searchsorted(copies.flow_comm, np.arange(len(copies.slots) + 1)).tolist()
     for row in np.flatnonzero(copies.comms["state"] != ringlayout.COMM_FREE).tolist():
         i = int(copies.slots[row])
         c = copies.comms[row]
         base = region_offset + i * size
-        check = ringlayout.Checker(path, f"comm slot {i}", base)
+        check = ringlayout.Checker(path, f"comm slot {i}", base, *span)
         code = int(c["state"])
         comm_torn = bool(copies.torn_comms[row])
         torn += comm_torn
@@ -422,7 +463,7 @@ def snapshot(
             t = bool(copies.torn_ops[row, j])
             torn += t
             offset = base + _OPS + j * ringlayout.OP_SLOT.itemsize
-            op_check = ringlayout.Checker(path, f"comm slot {i} op {j}", offset)
+            op_check = ringlayout.Checker(path, f"comm slot {i} op {j}", offset, *span)
             try:
                 ops.append(_op(op_check, j, o, nranks, t))
             except errors.RingCorrupt:
@@ -436,7 +477,7 @@ def snapshot(
             t = bool(copies.torn_flows[lo + n])
             torn += t
             offset = base + _FLOWS + k * ringlayout.FLOW_SLOT.itemsize
-            flow_check = ringlayout.Checker(path, f"comm slot {i} flow {k}", offset)
+            flow_check = ringlayout.Checker(path, f"comm slot {i} flow {k}", offset, *span)
             try:
                 flows.append(_flow(flow_check, k, f, nranks, t))
             except errors.RingCorrupt:

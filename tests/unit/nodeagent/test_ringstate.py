@@ -120,26 +120,21 @@ def test_slots_being_written_are_copied_and_flagged(
     assert snap.consistent
 
 
-class _Writer:
-    """A seqlock view whose reads let a simulated writer run: ``script[n]`` is called after
-    the ``n``-th read (0-based) returns, i.e. between it and the next read or copy."""
+class _Reads:
+    """A ``ringstate.Read`` over the builder's arrays, written in place by the tests' "writer":
+    ``script[n]`` is called after the ``n``-th read (0-based) returns, i.e. between it and the
+    next one. An attempt is three reads: seqlocks before, the copy, seqlocks after."""
 
-    def __init__(self, view: Any, script: dict[int, Any]) -> None:
-        self.view, self.script, self.reads = view, script, 0
+    def __init__(self, b: Builder, script: dict[int, Any]) -> None:
+        self.comms, self.script, self.reads = b.comms, script, 0
 
-    def __getitem__(self, index: Any) -> Any:
-        got = self.view[index]
+    def __call__(self, lo: int, hi: int) -> ringstate.Region:
+        got = ringstate.Region(self.comms[lo:hi].copy())
         step = self.script.get(self.reads)
         self.reads += 1
         if step is not None:
             step()
         return got
-
-
-def _region(b: Builder) -> Any:
-    """A region over the builder's arrays, written in place by the tests' "writer"; Any:
-    the tests swap its seqlock views for ``_Writer``s."""
-    return ringstate.Region(b.comms)
 
 
 def test_a_flow_written_during_the_copy_is_retried(builder: Builder) -> None:
@@ -154,10 +149,8 @@ def test_a_flow_written_during_the_copy_is_retried(builder: Builder) -> None:
         f["c_sent_done"] = f["c_done_consumed"] = 9
         f["seqlock"] += 1
 
-    region = _region(builder)
-    # reads of the flow seqlocks: 0 before the copy, 1 after it, 2 and 3 around the retry
-    region.flow_seq = _Writer(region.flow_seq, {0: start, 1: finish})
-    copies = ringstate.seqlock_copy(region, 100)
+    # reads: 0 the seqlocks before, 1 the copy, 2 the seqlocks after, 3 to 5 the retry
+    copies = ringstate.seqlock_copy(_Reads(builder, {0: start, 1: finish}), 100)
     (got,) = copies.flows
     assert [int(got[n]) for n in ("c_ready_posted", "c_sent_done", "c_done_consumed")] == [9] * 3
     assert (copies.attempts, copies.torn_flows.tolist()) == (2, [False])
@@ -171,9 +164,7 @@ def test_a_whole_write_between_the_seqlock_reads_is_retried(builder: Builder) ->
         f["seqlock"] += 2
         f["c_ready_posted"] = 6
 
-    region = _region(builder)
-    region.flow_seq = _Writer(region.flow_seq, {0: write})
-    copies = ringstate.seqlock_copy(region, 100)
+    copies = ringstate.seqlock_copy(_Reads(builder, {0: write}), 100)
     assert int(copies.flows[0]["c_ready_posted"]) == 6
     assert (copies.attempts, copies.torn_flows.tolist()) == (2, [False])
 
@@ -190,10 +181,8 @@ def test_a_comm_identity_written_during_the_copy_is_retried(builder: Builder) ->
         c["generation"] = 2
         c["seqlock"] += 1
 
-    region = _region(builder)
-    # reads of the comm and op seqlocks: 0 before the copy, 1 after, 2 and 3 around the retry
-    region.u32 = _Writer(region.u32, {0: start, 1: finish})
-    copies = ringstate.seqlock_copy(region, 100)
+    # reads: 0 the seqlocks before, 1 the copy, 2 the seqlocks after, 3 to 5 the retry
+    copies = ringstate.seqlock_copy(_Reads(builder, {0: start, 1: finish}), 100)
     assert (bytes(copies.comms["name"][0]), int(copies.comms["generation"][0])) == (b"new", 2)
     assert (copies.attempts, copies.torn_comms.tolist()) == (2, [False])
     assert not copies.torn_ops.any()
@@ -209,9 +198,7 @@ def test_a_writer_that_never_finishes_leaves_the_slot_torn(builder: Builder) -> 
         f["seqlock"] = 7
         o["seqlock"] = 9
 
-    region = _region(builder)
-    region.u32 = _Writer(region.u32, {0: freeze})
-    copies = ringstate.seqlock_copy(region, 4)
+    copies = ringstate.seqlock_copy(_Reads(builder, {0: freeze}), 4)
     assert copies.attempts == 4
     assert copies.torn_flows.tolist() == [True]
     assert np.flatnonzero(copies.torn_ops[0]).tolist() == [5]
