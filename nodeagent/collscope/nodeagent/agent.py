@@ -24,6 +24,7 @@ from collscope.nodeagent import (
     discovery,
     flightrecorder,
     hardware,
+    launchers,
     liveness,
     procs,
     sampler,
@@ -58,6 +59,7 @@ class Agent:
             config.sampling,
             rescan_interval_s=config.discovery.rescan_interval_s,
             clock_ns=clock_ns,
+            rank_env=None if proc_root is None else functools.partial(_writer_environ, proc_root),
         )
         self.hardware = hardware_sampler
         self.service = service.Service(
@@ -95,6 +97,24 @@ class Agent:
 
 def _host_pid(proc_root: pathlib.Path, pid: int, pod_uid: str | None) -> int | None:
     return procs.host_pid(pid, pod_uid, proc_root=proc_root)
+
+
+# A process's initial environment is a few KiB; the cap bounds what a tenant can make us read.
+ENVIRON_MAX_BYTES = 1 << 20
+
+
+def _writer_environ(proc_root: pathlib.Path, t: sampler.Tracked) -> dict[str, str] | None:
+    """The environment of a ring's writer (``/proc/<host pid>/environ``, the host pid found in
+    the ring's pod), for a header without a rank (``launchers.resolve``); None if unreadable."""
+    i = t.identity
+    pid = None if i is None else _host_pid(proc_root, i.pid, t.pod_uid)
+    if pid is None:
+        return None
+    try:
+        with (proc_root / str(pid) / "environ").open("rb") as f:
+            return launchers.parse_environ(f.read(ENVIRON_MAX_BYTES))
+    except OSError:
+        return None
 
 
 def default_hardware(config: settings.Settings) -> hardware.Sampler:

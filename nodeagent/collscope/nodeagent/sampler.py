@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from collscope.nodeagent import (
     errors,
     eventrows,
     ids,
+    launchers,
     livestate,
     ring,
     ringevents,
@@ -95,8 +96,11 @@ class Sampler:
         *,
         rescan_interval_s: float = 0.5,
         clock_ns: Callable[[], int] = time.time_ns,
+        rank_env: Callable[[Tracked], Mapping[str, str] | None] | None = None,
     ) -> None:
         self.finder = finder
+        # The environment of a ring's writer, for a header without RANK (``_fill_rank``).
+        self._rank_env = rank_env
         self.window = win
         self.config = config
         self.rescan_ns = int(rescan_interval_s * _NS)
@@ -208,6 +212,30 @@ class Sampler:
         t.cursor = max(first, t.cursor) if same and t.cursor <= written else first
         t.reader, t.identity, t.failed_stat, t.error = r, r.identity, None, ""
         t.health = "live"
+        self._fill_rank(t)
+
+    def _fill_rank(self, t: Tracked) -> None:
+        """A header without a rank (launched by mpirun, srun, a PMIx launcher or an Indexed
+        Job, none of which set RANK): the rank from the writer's environment
+        (``launchers.resolve``); when it cannot be known, ``error`` says why and the ring is
+        listed with rank None, not windowed."""
+        i = t.identity
+        if i is None or i.rank is not None:
+            return
+        env = self._rank_env(t) if self._rank_env is not None else None
+        if env is None:
+            t.error = "rank unknown: no rank in the ring header, writer's environment unreadable"
+            return
+        got = launchers.resolve(env)
+        if got.rank is None:
+            t.error = got.reason
+            return
+        t.identity = dataclasses.replace(
+            i,
+            rank=got.rank,
+            local_rank=i.local_rank if i.local_rank is not None else got.local_rank,
+            world_size=i.world_size if i.world_size is not None else got.world_size,
+        )
 
     def _failed(self, t: Tracked, e: BaseException) -> None:
         t.errors += 1

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from collscope.nodeagent import discovery, sampler, settings, window
+from collscope.nodeagent import discovery, ringlayout, sampler, settings, window
 from collscope.nodeagent.bundle import models
 
 UIDS = ("0a0a0a0a-1111-2222-3333-444444444444", "0b0b0b0b-1111-2222-3333-444444444444")
@@ -197,3 +197,51 @@ def test_dead_writer_is_still_sampled_and_vanished_rings_retire(
     assert t.health == "retired"
     assert len(of(records(s), models.StateRecord)) == 2  # what was read stays
     s.stop()
+
+
+def _erase_rank(ring_dir: pathlib.Path) -> None:
+    """Make the header say rank -1, as the plugin writes it when RANK is unset."""
+    (path,) = ring_dir.glob("*.ring")
+    fields = ringlayout.HEADER.fields
+    assert fields is not None
+    offset = fields["rank"][1]
+    with path.open("r+b") as f:
+        f.seek(offset)
+        f.write((-1).to_bytes(4, "little", signed=True))
+
+
+def test_a_ring_without_rank_takes_it_from_its_launchers_environment(
+    tmp_path: pathlib.Path, plugin_rank: Any
+) -> None:
+    """mpirun, srun, PMIx launchers and Indexed Jobs set no RANK: the rank comes from the
+    writer's environment (issue 15 item 7); a ring whose rank cannot be known is listed with
+    the reason, not windowed, never dropped silently."""
+    dirs = {name: tmp_path / name for name in ("mpi", "nothing", "unreadable")}
+    for i, d in enumerate(dirs.values()):
+        plugin_rank(d, i).complete(2)
+        _erase_rank(d)
+    envs = {"mpi": {"OMPI_COMM_WORLD_RANK": "6", "OMPI_COMM_WORLD_SIZE": "8"},
+            "nothing": {"PATH": "/bin"}}  # fmt: skip
+    got: list[str] = []
+
+    def rank_env(t: sampler.Tracked) -> dict[str, str] | None:
+        name = pathlib.Path(t.path).parent.name
+        got.append(name)
+        return envs.get(name)
+
+    found = settings.DiscoverySettings(mode="directory", trace_root=str(tmp_path))
+    w = window.Window(window_s=60, memory_cap_bytes=64 << 20)
+    config = settings.SamplingSettings(sample_interval_s=0.02, stale_after_s=2.0)
+    s = sampler.Sampler(discovery.Discovery(found), w, config, rank_env=rank_env)
+    s.tick()
+    s.tick()
+    rings = {pathlib.Path(t.path).parent.name: t for t in s.rings()}
+    mpi = rings["mpi"]
+    assert mpi.identity is not None and mpi.identity.rank == 6 and mpi.error == ""
+    assert mpi.identity.world_size == 4  # the header's own value is kept when it has one
+    assert [o.seq for o in of(records(s, 6), models.OpRecord)] == [1, 2]
+    for name, why in (("nothing", "none of RANK,"), ("unreadable", "environment unreadable")):
+        t = rings[name]
+        assert t.identity is not None and t.identity.rank is None and t.health == "live"
+        assert t.error.startswith("rank unknown") and why in t.error, t.error
+    assert sorted(got) == ["mpi", "nothing", "unreadable"]  # asked once per ring opened
