@@ -9,7 +9,16 @@ injected here (STYLE habit 10), so that tests pass fakes with the same interface
   (PyTorch's dump pipe; ``agent.fr_dumper`` adapts ``flightrecorder.trigger``); a request's
   ``max_entries`` trims the report here (``flightrecorder.newest``);
 - ``probe``: ``liveness.ProcessProbe`` (``/proc``), which says whether a ring's writer is
-  running, stopped or dead; without it every writer's process state is ``unknown``.
+  running, stopped or dead; without it every writer's process state is ``unknown``;
+- ``devices``: ``hardware.devicemap.DeviceMap``, each ring's writer -> its GPU and NIC, served
+  in ``/v1/ranks``, written into ``job.json`` and used to give each hardware record the rank
+  of its device's user; without it GPUs come from NVML's process list alone and NICs are
+  unknown.
+
+Hardware records in a window: those of the devices the window's ranks use (by the device
+map), each with the lowest such rank, since a sample belongs to a device and analysis joins it
+by device (``analysis/hwsamples.py``); a window of all ranks (``/v1/export``) also keeps the
+devices no ring uses, with rank 0.
 
 Each may be None: the matching endpoint then answers 503 with ``errors.UnavailableError``.
 ``server.py`` maps this class to HTTP.
@@ -20,7 +29,7 @@ from __future__ import annotations
 import pathlib
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar
 
 import pydantic
@@ -35,6 +44,7 @@ from collscope.nodeagent import (
     window,
 )
 from collscope.nodeagent.bundle import columnar, models, tables, writer
+from collscope.nodeagent.hardware import devicemap
 
 _NS = 1_000_000_000
 _T = TypeVar("_T")
@@ -47,6 +57,14 @@ class Hardware(Protocol):
     def latest(self) -> list[models.HwRecord]: ...
     def statuses(self) -> Sequence[Any]: ...  # objects with name, available, reason
     def gpu_processes(self) -> dict[int, int]: ...
+
+
+class Devices(Protocol):
+    """The part of ``devicemap.DeviceMap`` the service uses."""
+
+    def resolve(
+        self, host_pid: int | None, *, local_rank: int | None, key: Hashable
+    ) -> devicemap.Placement: ...
 
 
 Dumper = Callable[[Sequence[int], float], pydantic.BaseModel]
@@ -66,6 +84,7 @@ class Service:
         flightrecorder: RankDumper | None = None,
         host_pid: Callable[[int, str | None], int | None] | None = None,
         probe: liveness.ProcessProbe | None = None,
+        devices: Devices | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.node = node
@@ -79,6 +98,7 @@ class Service:
         self._host_pid = host_pid
         self._pid_cache: dict[tuple[int, int, str | None], int | None] = {}
         self.probe = probe
+        self.devices = devices
 
     # -- ranks and summaries --------------------------------------------------------------
     def ranks(self) -> api.RanksResponse:
@@ -86,6 +106,8 @@ class Service:
         for t in self.sampler.rings():
             i, s = t.identity, t.status
             span = self.window.span(i.rank) if i is not None and i.rank is not None else None
+            place = self.placement(t)
+            gpu = place.gpu
             out.append(
                 api.RankInfo(
                     rank=None if i is None else i.rank,
@@ -110,6 +132,14 @@ class Service:
                     plugin_version="" if i is None else i.plugin_version,
                     window_from_ns=None if span is None else span[0],
                     window_to_ns=None if span is None else span[1],
+                    gpu_index=None if gpu is None else gpu.index,
+                    gpu_uuid=None if gpu is None else gpu.uuid,
+                    gpu_pci_bus_id=None if gpu is None else gpu.pci_bus_id,
+                    gpu_source=place.gpu_source,
+                    nic=place.nic,
+                    nics=list(place.nics),
+                    nic_source=place.nic_source,
+                    unresolved=place.unresolved,
                 )
             )
         out.sort(key=lambda r: (r.rank is None, r.rank or 0, r.ring_path))
@@ -147,15 +177,16 @@ class Service:
     def window_lines(
         self, ranks: Sequence[int] | None, since_ns: int | None, until_ns: int | None
     ) -> Iterator[str]:
-        """bundle-v1 records as JSON-lines text blocks (writer's fast formatter)."""
-        b = self.bundle(ranks, since_ns, until_ns, with_hw=False)
+        """bundle-v1 records as JSON-lines text blocks (writer's fast formatter), the node's
+        hardware samples of the ranks' devices included."""
+        b = self.bundle(ranks, since_ns, until_ns)
         return writer.record_blocks(b)
 
     def window_columns(
         self, ranks: Sequence[int] | None, since_ns: int | None, until_ns: int | None
     ) -> bytes:
         """The same records as ``window_lines``, in the columnar wire form (``columnar``)."""
-        return columnar.encode(self.bundle(ranks, since_ns, until_ns, with_hw=False))
+        return columnar.encode(self.bundle(ranks, since_ns, until_ns))
 
     def bundle(
         self,
@@ -168,12 +199,15 @@ class Service:
         hw: list[models.HwRecord] = []
         if with_hw and self.hardware is not None:
             hw = self.hardware.window(since_ns or 0, until_ns or self.clock_ns())
+        job = self.job()
         return self.window.bundle(
-            self.job(),
+            job,
             ranks=ranks,
             since_ns=since_ns,
             until_ns=until_ns,
             hw=hw,
+            hw_ranks=hw_owners(job, {h.device for h in hw}, ranks),
+            hw_others=ranks is None,
             liveness=self.liveness_of(ranks),
         )
 
@@ -219,7 +253,8 @@ class Service:
             return out.read_bytes()
 
     def job(self) -> models.Job:
-        """``job.json`` from what the agent knows: world size, and per rank node, pod, GPU."""
+        """``job.json`` from what the agent knows: world size, and per rank node, pod, GPU
+        (index and UUID) and NIC from the device map."""
         gpus = self.hardware.gpu_processes() if self.hardware is not None else {}
         infos: dict[int, models.RankInfo] = {}
         world = 1
@@ -228,11 +263,16 @@ class Service:
             if i is None or i.rank is None:
                 continue
             world = max(world, i.world_size or 0, i.rank + 1)
+            if i.rank in infos and t.health == "retired":
+                continue  # a restarted rank: its live ring says where it runs now
+            place = self.placement(t)
             infos[i.rank] = models.RankInfo(
                 rank=i.rank,
                 node=i.node_name or self.node,
                 pod=(f"{i.pod_namespace}/{i.pod_name}" if i.pod_namespace else i.pod_name) or None,
-                gpu=gpus.get(self.host_pid(t) or -1),
+                gpu=place.gpu.index if place.gpu else gpus.get(self.host_pid(t) or -1),
+                gpu_uuid=place.gpu.uuid if place.gpu else None,
+                nic=place.nic,
             )
         for r in self.window.ranks():
             world = max(world, r + 1)
@@ -303,6 +343,15 @@ class Service:
             self._pid_cache[key] = self._host_pid(i.pid, t.pod_uid)
         return self._pid_cache[key]
 
+    def placement(self, t: sampler.Tracked) -> devicemap.Placement:
+        """The GPU and NIC of a ring's writer (the device map; empty without one)."""
+        i = t.identity
+        if self.devices is None or i is None:
+            return devicemap.Placement(unresolved="no device map on this agent")
+        return self.devices.resolve(
+            self.host_pid(t), local_rank=i.local_rank, key=(i.pid, i.init_ns, t.pod_uid)
+        )
+
     def _resolve(self, rank: int, t: sampler.Tracked) -> int:
         pid = self.host_pid(t)
         if pid is None:
@@ -331,6 +380,27 @@ class Service:
         if not out:
             raise errors.QueryError("ranks", "no rank or pid given")
         return sorted(out)
+
+
+def hw_owners(job: models.Job, devices: set[str], ranks: Sequence[int] | None) -> dict[str, int]:
+    """device of a hardware record -> the lowest of ``ranks`` (None: any) whose GPU or NIC it
+    is, by ``job.json``: ``gpu<i>``; an RDMA port ``mlx5_0/1`` of a NIC named ``mlx5_0`` or
+    ``mlx5_0:1``; a network interface by its name."""
+    want = None if ranks is None else set(ranks)
+    out: dict[str, int] = {}
+    for info in sorted(job.ranks, key=lambda r: r.rank, reverse=True):
+        if want is not None and info.rank not in want:
+            continue
+        if info.gpu is not None and f"gpu{info.gpu}" in devices:
+            out[f"gpu{info.gpu}"] = info.rank
+        if info.nic is None:
+            continue
+        hca, _, port = info.nic.partition(":")
+        for d in devices:
+            d_hca, _, d_port = d.partition("/")
+            if d == info.nic or (d_hca == hca and d_port and (not port or port == d_port)):
+                out[d] = info.rank
+    return out
 
 
 def _need(thing: _T | None, what: str) -> _T:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Final
 
 import numpy as np
@@ -180,11 +180,15 @@ class Window:
         since_ns: int | None = None,
         until_ns: int | None = None,
         hw: Iterable[models.HwRecord] = (),
+        hw_ranks: Mapping[str, int] | None = None,
+        hw_others: bool = True,
         liveness: Iterable[models.LivenessRecord] = (),
     ) -> tables.Bundle:
         """The records of ``ranks`` (None: all) with ``since <= ts <= until`` (None: open) as a
         sorted ``Bundle``; comm records of those ranks whatever their time, as the reader does.
-        ``liveness`` rows (the writers as seen now: not held in the window) go in as given."""
+        ``hw`` records in that time: a device in ``hw_ranks`` gets the rank given there, the
+        others keep theirs, or are left out when not ``hw_others``. ``liveness`` rows (the
+        writers as seen now: not held in the window) go in as given."""
         lo = -1 if since_ns is None else since_ns
         hi = 2**63 - 1 if until_ns is None else until_ns
         with self._lock:
@@ -209,11 +213,19 @@ class Window:
             ],
             dtype=tables.COMM_DTYPE,
         )
+        owner = hw_ranks or {}
         hw_rows = np.array(
             [
-                (h.rank, h.ts, strings(h.node), strings(h.device), strings(h.metric), h.value)
+                (
+                    owner.get(h.device, h.rank),
+                    h.ts,
+                    strings(h.node),
+                    strings(h.device),
+                    strings(h.metric),
+                    h.value,
+                )
                 for h in hw
-                if lo <= h.ts <= hi
+                if lo <= h.ts <= hi and (hw_others or h.device in owner)
             ],
             dtype=tables.HW_DTYPE,
         )
