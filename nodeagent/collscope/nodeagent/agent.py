@@ -34,6 +34,7 @@ from collscope.nodeagent import (
     stacks,
     window,
 )
+from collscope.nodeagent.hardware import devicemap
 
 
 class Agent:
@@ -48,6 +49,7 @@ class Agent:
         fr_dumper: service.RankDumper | None = None,
         proc_root: pathlib.Path | None = pathlib.Path("/proc"),
         clock_ns: Callable[[], int] = time.time_ns,
+        devices: service.Devices | None = None,
     ) -> None:
         self.config = config
         self.window = window.Window(
@@ -62,6 +64,11 @@ class Agent:
             rank_env=None if proc_root is None else functools.partial(_writer_environ, proc_root),
         )
         self.hardware = hardware_sampler
+        if devices is None and proc_root is not None:
+            # Each ring's writer -> GPU and NIC: NVML's view when sampled, else /proc and sysfs.
+            nvml = hardware_sampler if isinstance(hardware_sampler, hardware.Sampler) else None
+            sys_root = pathlib.Path(config.hardware.sys_root)
+            devices = devicemap.DeviceMap(nvml, sys_root=sys_root, proc_root=proc_root)
         self.service = service.Service(
             config.node_name,
             self.sampler,
@@ -70,6 +77,7 @@ class Agent:
             flightrecorder=fr_dumper,
             host_pid=None if proc_root is None else functools.partial(_host_pid, proc_root),
             probe=None if proc_root is None else liveness.ProcessProbe(proc_root),
+            devices=devices,
             clock_ns=clock_ns,
         )
         # Live while the loop ticked within 20 periods (and at least 5 s: a GC pause or a
