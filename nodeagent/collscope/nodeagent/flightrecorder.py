@@ -5,10 +5,14 @@ PyTorch (``ProcessGroupNCCL.hpp`` ``DumpPipe``): when a rank runs with
 > 0), it makes a FIFO ``<stem><rank>.pipe`` (``rank``: the global rank) and polls it; any byte
 written makes it dump its trace to ``<prefix><rank>``, the prefix being
 ``TORCH_FR_DUMP_TEMP_FILE`` or the older ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (default
-``/tmp/nccl_trace_rank_``). The paths are the container's: ``target`` prefixes them with a root
-such as ``/proc/<pid>/root``. torch writes the dump in place, so a dump counts as collected once
-the file changed since the poke and reads as a whole pickle (``frdump``, which never lets the
-pickle build anything but plain containers).
+``/tmp/nccl_trace_rank_``). The paths are the container's, taken from its environment, and
+everything along them is the tenant's: they are resolved inside the container's root
+(``/proc/<pid>/root``) by ``rootfs`` (never through a symlink as last component, never out of
+the root, the pipe only if a FIFO, the dump only if a regular file, without blocking, size
+capped). torch writes the dump in place, so a dump counts as collected once the file changed
+since the poke and parses as a whole pickle (``frdump``: plain containers only, in a child under
+CPU, memory and time limits). Every failure is one rank's: the other ranks' dumps still come
+back.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import os
 import pathlib
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent import futures
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from collscope.nodeagent import errors, frdump
+from collscope.nodeagent import errors, frdump, rootfs
 
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -34,11 +39,18 @@ class _Model(BaseModel):
 
 
 class Target(_Model):
-    """Where to poke one rank and where its dump lands (paths as seen by the agent)."""
+    """Where to poke one rank and where its dump lands: ``pipe`` and ``dump`` are the
+    container's paths, resolved inside ``root`` (``/proc/<pid>/root``; ``/`` for a process
+    of the agent's own filesystem)."""
 
     rank: int
-    pipe: pathlib.Path
-    dump: pathlib.Path
+    root: pathlib.Path = pathlib.Path("/")
+    pipe: str
+    dump: str
+
+    def shown(self, path: str) -> str:
+        """``path`` as the agent sees it, for messages."""
+        return str(self.root / path.lstrip("/"))
 
 
 class RankFailure(_Model):
@@ -61,11 +73,7 @@ def target(
     if not stem:
         return None
     prefix = next((environ[k] for k in DUMP_ENVS if environ.get(k)), DEFAULT_DUMP_PREFIX)
-    return Target(
-        rank=rank,
-        pipe=root / f"{stem}{rank}.pipe".lstrip("/"),
-        dump=root / f"{prefix}{rank}".lstrip("/"),
-    )
+    return Target(rank=rank, root=root, pipe=f"{stem}{rank}.pipe", dump=f"{prefix}{rank}")
 
 
 def environ_of(pid: int, *, proc_root: pathlib.Path = pathlib.Path("/proc")) -> dict[str, str]:
@@ -87,32 +95,31 @@ def target_of_pid(
 
 
 # -- trigger ---------------------------------------------------------------------------------
-def poke(pipe: pathlib.Path) -> None:
-    """Write one byte to a rank's debug pipe without ever blocking."""
+def poke(t: Target) -> None:
+    """Write one byte to a rank's debug pipe without ever blocking (and only to a FIFO)."""
+    shown = t.shown(t.pipe)
     try:
-        if not stat.S_ISFIFO(os.stat(pipe).st_mode):
-            raise errors.FlightRecorderUnavailable(f"{pipe}: not a FIFO")
         # O_NONBLOCK: open fails with ENXIO instead of waiting when nobody reads the pipe.
-        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+        fd = rootfs.open_file(t.root, t.pipe, os.O_WRONLY, want=stat.S_ISFIFO, kind="a FIFO")
     except FileNotFoundError as e:
-        raise errors.FlightRecorderUnavailable(f"{pipe}: no debug pipe") from e
+        raise errors.FlightRecorderUnavailable(f"{shown}: no debug pipe") from e
     except OSError as e:
         if e.errno == errno.ENXIO:
             raise errors.FlightRecorderUnavailable(
-                f"{pipe}: no reader (Flight Recorder off in this process, or it exited)"
+                f"{shown}: no reader (Flight Recorder off in this process, or it exited)"
             ) from e
-        raise errors.FlightRecorderUnavailable(f"{pipe}: {e.strerror or e}") from e
+        raise errors.FlightRecorderUnavailable(f"{shown}: {e.strerror or e}") from e
     try:
         os.write(fd, b"1")
     except OSError as e:
-        raise errors.FlightRecorderUnavailable(f"{pipe}: write: {e.strerror or e}") from e
+        raise errors.FlightRecorderUnavailable(f"{shown}: write: {e.strerror or e}") from e
     finally:
         os.close(fd)
 
 
-def _stamp(path: pathlib.Path) -> tuple[int, int, int] | None:
+def _stamp(t: Target) -> tuple[int, int, int] | None:
     try:
-        st = os.stat(path)
+        st = rootfs.lstat(t.root, t.dump)
     except OSError:
         return None
     return (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -124,42 +131,104 @@ def trigger(
     timeout_s: float = 10.0,
     poll_s: float = 0.05,
     max_bytes: int = frdump.MAX_DUMP_BYTES,
+    parser: frdump.Parser | None = None,
 ) -> FlightRecorderReport:
     """Poke every target's pipe, then collect each new dump (a file that changed since the
-    poke and reads as a whole pickle) until ``timeout_s``; failures are per rank."""
+    poke and parses as a whole pickle) until ``timeout_s``; failures are per rank. Changed
+    dumps are parsed concurrently, each at most once per change, under ``parser``'s limits."""
+    parser = parser or frdump.Parser()
     failures: dict[int, str] = {}
     before: dict[int, tuple[int, int, int] | None] = {}
     for t in targets:
-        before[t.rank] = _stamp(t.dump)
+        before[t.rank] = _stamp(t)
         try:
-            poke(t.pipe)
+            poke(t)
         except errors.FlightRecorderUnavailable as e:
             failures[t.rank] = str(e)
     pending = {t.rank: t for t in targets if t.rank not in failures}
+    tried = dict(before)  # the stamp of the last version tried per rank
     dumps: list[frdump.RankDump] = []
     last_error: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
-    while pending:
-        for rank, t in list(pending.items()):
-            now = _stamp(t.dump)
-            if now is None or now == before[rank]:
-                continue
-            try:
-                dumps.append(frdump.read(t.dump, rank=rank, max_bytes=max_bytes))
-                del pending[rank]
-            except errors.FlightRecorderDumpInvalid as e:
-                # Most likely still being written (torch writes in place): retry until the
-                # deadline; only then is it an error.
-                last_error[rank] = str(e)
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(poll_s)
+    with futures.ThreadPoolExecutor(max_workers=parser.limits.parallel) as pool:
+        while pending:
+            changed = {}
+            for rank, t in pending.items():
+                now = _stamp(t)
+                if now is not None and now != tried[rank]:
+                    tried[rank] = now
+                    changed[rank] = t
+            left = max(deadline - time.monotonic(), MIN_PARSE_S)
+            jobs = {
+                r: pool.submit(_collect, t, parser, max_bytes, left) for r, t in changed.items()
+            }
+            for rank, job in jobs.items():
+                result = job.result()
+                if isinstance(result, str):
+                    # Most likely still being written (torch writes in place): retried once
+                    # it changes again, until the deadline; only then is it an error.
+                    last_error[rank] = result
+                else:
+                    dumps.append(result)
+                    del pending[rank]
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
     for rank, t in pending.items():
-        failures[rank] = last_error.get(rank) or f"{t.dump}: no dump within {timeout_s:g} s"
+        failures[rank] = (
+            last_error.get(rank) or f"{t.shown(t.dump)}: no dump within {timeout_s:g} s"
+        )
     return FlightRecorderReport(
         dumps=sorted(dumps, key=lambda d: d.rank),
         errors=[RankFailure(rank=r, reason=failures[r]) for r in sorted(failures)],
     )
+
+
+# A dump found just before the request's deadline still gets this long to parse.
+MIN_PARSE_S = 1.0
+
+
+def _collect(
+    t: Target, parser: frdump.Parser, max_bytes: int, timeout_s: float
+) -> frdump.RankDump | str:
+    """One rank's dump, or why not; never raises (one rank's failure is not the request's)."""
+    try:
+        return frdump.read(
+            t.dump,
+            rank=t.rank,
+            root=t.root,
+            max_bytes=max_bytes,
+            parser=parser,
+            timeout_s=timeout_s,
+        )
+    except errors.FlightRecorderDumpInvalid as e:
+        return str(e)
+    except Exception as e:  # a bug here must still cost one rank only
+        return f"{t.shown(t.dump)}: {type(e).__name__}: {e}"
+
+
+# -- who -----------------------------------------------------------------------------------
+RankDumper = Callable[[Sequence[tuple[int, int]], float], FlightRecorderReport]
+
+
+def guarded(dumper: RankDumper, refusal: Callable[[int], str | None]) -> RankDumper:
+    """``dumper`` called with the ``(rank, host pid)`` pairs whose pid ``refusal`` accepts
+    (``procs.TrainingProcesses``); each refused pair is that rank's failure, with the reason,
+    and its process is never touched."""
+
+    def dump(targets: Sequence[tuple[int, int]], timeout_s: float) -> FlightRecorderReport:
+        refused = [
+            RankFailure(rank=rank, reason=f"pid {pid}: {reason}")
+            for rank, pid in targets
+            if (reason := refusal(pid)) is not None
+        ]
+        gone = {f.rank for f in refused}
+        allowed = [(rank, pid) for rank, pid in targets if rank not in gone]
+        report = dumper(allowed, timeout_s) if allowed else FlightRecorderReport()
+        errs = sorted([*report.errors, *refused], key=lambda f: f.rank)
+        return report.model_copy(update={"errors": errs})
+
+    return dump
 
 
 # -- trim ------------------------------------------------------------------------------------

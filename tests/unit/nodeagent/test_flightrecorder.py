@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -218,7 +218,7 @@ def test_pipe_problems_are_per_rank(paths: tuple[str, str], trainers: list[Train
     assert [d.rank for d in report.dumps] == [0, 1]
     reasons = {e.rank: e.reason for e in report.errors}
     assert reasons[2].endswith("no reader (Flight Recorder off in this process, or it exited)")
-    assert reasons[3].endswith("not a FIFO")
+    assert reasons[3].endswith("not a FIFO (regular file)")
     assert reasons[4] == f"{stem}4.pipe: no debug pipe"
 
 
@@ -228,15 +228,16 @@ def test_target_from_environment() -> None:
     root = pathlib.Path("/proc/42/root")
     t = flightrecorder.target(3, {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/p_"}, root=root)
     assert t == flightrecorder.Target(
-        rank=3, pipe=root / "tmp/p_3.pipe", dump=root / "tmp/nccl_trace_rank_3"
+        rank=3, root=root, pipe="/tmp/p_3.pipe", dump="/tmp/nccl_trace_rank_3"
     )
+    assert t.shown(t.dump) == "/proc/42/root/tmp/nccl_trace_rank_3"
     env = {
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p_",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/old_",
         "TORCH_FR_DUMP_TEMP_FILE": "/x/new_",
     }
     t = flightrecorder.target(0, env)
-    assert t is not None and t.dump == pathlib.Path("/x/new_0")
+    assert t is not None and t.dump == "/x/new_0"
 
 
 class _Evil:
@@ -273,12 +274,12 @@ def test_read_limits_and_shape(tmp_path: pathlib.Path) -> None:
     f = tmp_path / "d"
     f.write_bytes(torch_style_pickle(trace(0)))
     with pytest.raises(errors.FlightRecorderDumpInvalid, match="larger than 100 bytes"):
-        frdump.read(f, rank=0, max_bytes=100)
+        frdump.read(str(f), rank=0, max_bytes=100)
     f.write_bytes(pickle.dumps({"entries": "nope"}))
     with pytest.raises(errors.FlightRecorderDumpInvalid, match="'entries' is not a list"):
-        frdump.read(f, rank=0)
+        frdump.read(str(f), rank=0)
     with pytest.raises(errors.FlightRecorderDumpInvalid, match="No such file"):
-        frdump.read(tmp_path / "missing", rank=0)
+        frdump.read(str(tmp_path / "missing"), rank=0)
 
 
 def test_missing_and_odd_fields_become_empty() -> None:
@@ -308,7 +309,7 @@ def test_target_of_a_real_process(paths: tuple[str, str]) -> None:
         t = flightrecorder.target_of_pid(5, proc.pid)
         root = pathlib.Path(f"/proc/{proc.pid}/root")
         assert t == flightrecorder.Target(
-            rank=5, pipe=root / f"{stem}5.pipe".lstrip("/"), dump=root / f"{prefix}5".lstrip("/")
+            rank=5, root=root, pipe=f"{stem}5.pipe", dump=f"{prefix}5"
         )
     finally:
         proc.kill()
@@ -354,7 +355,7 @@ def test_trigger_a_real_process_through_proc_root(paths: tuple[str, str]) -> Non
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         t = flightrecorder.target_of_pid(3, proc.pid)
-        assert t is not None and str(t.pipe).startswith(f"/proc/{proc.pid}/root/")
+        assert t is not None and t.shown(t.pipe).startswith(f"/proc/{proc.pid}/root/")
         report = flightrecorder.trigger([t], timeout_s=5)
     finally:
         proc.kill()
@@ -362,3 +363,145 @@ def test_trigger_a_real_process_through_proc_root(paths: tuple[str, str]) -> Non
     assert report.errors == []
     (dump,) = report.dumps
     assert (dump.rank, dump.entries[0].collective_seq_id) == (3, 41)
+
+
+# Small limits keep the tests fast: a normal test dump parses in ~50 ms.
+FAST = frdump.ParseLimits(timeout_s=0.5)
+
+
+def laughs(levels: int = 40, width: int = 10) -> list[Any]:
+    """A "billion laughs": width**levels list items from ~1 KB of pickle (shared references)."""
+    a: list[Any] = []
+    for _ in range(levels):
+        a = [a] * width
+    return a
+
+
+def cubic_bomb(n: int = 2000) -> bytes:
+    """12 KB that converts in n**3 steps: n entries sharing one n x n size matrix."""
+    matrix = [list(range(n))] * n
+    return pickle.dumps({"entries": [{"input_sizes": matrix}] * n}, protocol=2)
+
+
+def test_shared_references_cost_nothing_to_check() -> None:
+    data = pickle.dumps({"version": "2.5", "entries": [{"frames": laughs(), "op_id": 3}]})
+    start = time.monotonic()
+    d = frdump.Parser(FAST).parse(data, rank=4, file="f")
+    assert (d.rank, d.entries[0].op_id) == (4, 3)
+    assert time.monotonic() - start < FAST.timeout_s
+
+
+def test_a_pickle_bomb_ends_at_the_deadline() -> None:
+    data = cubic_bomb()
+    assert len(data) < 16 << 10
+    start = time.monotonic()
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match=r"longer than 0.5 s \(killed\)"):
+        frdump.Parser(FAST).parse(data, rank=0, file="bomb")
+    assert time.monotonic() - start < 2
+
+
+def test_a_memory_bomb_ends_at_the_memory_limit() -> None:
+    row = list(range(4000))
+    data = pickle.dumps({"entries": [{"input_sizes": [row] * 4000}]}, protocol=2)
+    limits = frdump.ParseLimits(memory_bytes=64 << 20, timeout_s=10)
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match="memory limit"):
+        frdump.Parser(limits).parse(data, rank=0, file="bomb")
+
+
+def test_the_child_refuses_code_as_in_process(tmp_path: pathlib.Path) -> None:
+    canary = tmp_path / "pwned"
+    evil = pickle.dumps({"version": "2.5", "entries": [_Evil(canary)]})
+    with pytest.raises(errors.FlightRecorderDumpInvalid, match=r"refused global posix\.system"):
+        frdump.Parser(FAST).parse(evil, rank=0, file="dump0")
+    assert not canary.exists()
+    huge = {"pg_config": {"0": {"ranks": "9" * 5000}}, "entries": [{"op_id": 10**30}]}
+    d = frdump.Parser(FAST).parse(pickle.dumps(huge), rank=0, file="f")
+    assert d.pg_config[0].ranks == [] and d.entries[0].op_id is None  # dropped, not a 500
+
+
+def test_the_parser_caps_children_at_once() -> None:
+    parser = frdump.Parser(frdump.ParseLimits(timeout_s=0.3, parallel=1))
+    assert parser._slots.acquire(timeout=1)  # another request's parse holds the only slot
+    try:
+        with pytest.raises(errors.FlightRecorderDumpInvalid, match="parser busy"):
+            parser.parse(torch_style_pickle(trace(0)), rank=0, file="f")
+    finally:
+        parser._slots.release()
+
+
+def test_one_bad_dump_among_good_ones_is_that_ranks_error(paths: tuple[str, str]) -> None:
+    stem, prefix = paths
+    payloads = [torch_style_pickle(trace(0)), cubic_bomb(), torch_style_pickle(trace(3))]
+    ts = [Trainer(stem, prefix, r, p) for r, p in zip((0, 1, 3), payloads, strict=True)]
+    for t in ts:
+        t.start()
+    try:
+        report = flightrecorder.trigger(
+            targets(paths, range(4)), timeout_s=1.5, parser=frdump.Parser(FAST)
+        )
+    finally:
+        for t in ts:
+            t.stop.set()
+            t.join(timeout=5)
+    assert [d.rank for d in report.dumps] == [0, 3]
+    reasons = {e.rank: e.reason for e in report.errors}
+    assert "longer than" in reasons[1] and "no debug pipe" in reasons[2]
+
+
+def test_tenant_files_are_not_followed_nor_waited_for(tmp_path: pathlib.Path) -> None:
+    """The dump path is a symlink to a host file, a FIFO, a directory, or too large: each an
+    error for its rank, promptly, and never the linked file's content."""
+    root = tmp_path / "root"
+    (root / "tmp").mkdir(parents=True)
+    (tmp_path / "secret").write_bytes(torch_style_pickle(trace(0)))  # a dump-shaped host file
+    (root / "tmp" / "d0").symlink_to(tmp_path / "secret")
+    os.mkfifo(root / "tmp" / "d1")
+    (root / "tmp" / "d2").mkdir()
+    (root / "tmp" / "d3").write_bytes(b"x" * 2000)
+    reasons = {}
+    start = time.monotonic()
+    for rank in range(4):
+        with pytest.raises(errors.FlightRecorderDumpInvalid) as e:
+            frdump.read(f"/tmp/d{rank}", rank=rank, root=root, max_bytes=1000)
+        reasons[rank] = str(e.value)
+    assert time.monotonic() - start < 2
+    assert "symbolic link" in reasons[0] and "FIFO" in reasons[1]
+    assert "directory" in reasons[2] and "larger than 1000 bytes" in reasons[3]
+
+
+def test_a_symlinked_pipe_is_never_written(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "root"
+    (root / "tmp").mkdir(parents=True)
+    host_fifo = tmp_path / "initctl"  # stands for a host daemon's control FIFO
+    os.mkfifo(host_fifo)
+    reader = os.open(host_fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        (root / "tmp" / "p_0.pipe").symlink_to(host_fifo)
+        t = flightrecorder.Target(rank=0, root=root, pipe="/tmp/p_0.pipe", dump="/tmp/d0")
+        report = flightrecorder.trigger([t], timeout_s=0.2)
+        assert "symbolic link" in report.errors[0].reason
+        assert os.read(reader, 1) == b""  # no byte ever written to the host's FIFO
+    finally:
+        os.close(reader)
+
+
+def test_guarded_refuses_pids_outside_training_pods() -> None:
+    seen: list[list[tuple[int, int]]] = []
+
+    def inner(
+        ts: Sequence[tuple[int, int]], timeout_s: float
+    ) -> flightrecorder.FlightRecorderReport:
+        seen.append(list(ts))
+        dumps = [frdump.RankDump(rank=r, file="f") for r, _ in ts]
+        return flightrecorder.FlightRecorderReport(dumps=dumps)
+
+    def refusal(pid: int) -> str | None:
+        return None if pid == 10 else "refused: not in a training pod"
+
+    report = flightrecorder.guarded(inner, refusal)([(0, 10), (1, 4242)], 1.0)
+    assert seen == [[(0, 10)]] and [d.rank for d in report.dumps] == [0]
+    assert report.errors == [
+        flightrecorder.RankFailure(rank=1, reason="pid 4242: refused: not in a training pod")
+    ]
+    report = flightrecorder.guarded(inner, refusal)([(1, 4242)], 1.0)
+    assert seen == [[(0, 10)]] and report.dumps == []
