@@ -8,6 +8,11 @@ target, so each process gets its own hard deadline: py-spy is killed at ``timeou
 the target is sent ``SIGCONT`` in case the killed tracer left it stopped (py-spy #416). All
 processes are dumped concurrently, so a dump takes about the slowest process's time.
 
+Only training processes: py-spy pauses its target and reads its memory as root, so the agent
+wraps its dumper in ``guarded``, which refuses (per pid, with the reason) every pid that
+``procs.TrainingProcesses`` does not place in a discovered training pod; and one ``slots``
+semaphore per agent caps py-spy runs at once across all requests (``MAX_RUNNING``).
+
 Input, ``py-spy dump --json --pid N`` (0.4.x), one object per thread::
 
     [{"pid": 4242, "thread_id": 1397..., "thread_name": "MainThread", "os_thread_id": 4242,
@@ -30,7 +35,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -40,6 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field
 STDERR_CHARS = 400
 # Concurrent py-spy processes: one per rank of an 8-GPU node twice over; each is ~10 MB RSS.
 MAX_PARALLEL = 16
+# py-spy runs at once across all requests of one agent: two requests for a full 8-GPU node.
+MAX_RUNNING = 16
 
 
 class _Model(BaseModel):
@@ -124,8 +133,10 @@ def dump(
     native: bool = False,
     nonblocking: bool = False,
     max_parallel: int = MAX_PARALLEL,
+    slots: threading.Semaphore | None = None,
 ) -> StacksReport:
-    """Dump the stacks of ``pids`` concurrently; never raises for a process's failure."""
+    """Dump the stacks of ``pids`` concurrently; never raises for a process's failure.
+    ``slots``: shared by every request of an agent, a run waits for one until ``timeout_s``."""
     unique = list(dict.fromkeys(pids))
     per_pid: dict[int, list[tuple[tuple[str, ...], str]]] = {}
     errors: list[StackError] = []
@@ -133,7 +144,16 @@ def dump(
         return StacksReport()
     with futures.ThreadPoolExecutor(max_workers=min(len(unique), max_parallel)) as pool:
         jobs = {
-            pid: pool.submit(_one, pid, pyspy, timeout_s, native, nonblocking) for pid in unique
+            pid: pool.submit(
+                _limited,
+                pid,
+                pyspy,
+                timeout_s,
+                native=native,
+                nonblocking=nonblocking,
+                slots=slots,
+            )
+            for pid in unique
         }
         for pid, job in jobs.items():
             result = job.result()
@@ -142,6 +162,48 @@ def dump(
             else:
                 per_pid[pid] = result
     return StacksReport(groups=group(per_pid), errors=errors)
+
+
+def _limited(
+    pid: int,
+    pyspy: str,
+    timeout_s: float,
+    *,
+    native: bool,
+    nonblocking: bool,
+    slots: threading.Semaphore | None,
+) -> list[tuple[tuple[str, ...], str]] | StackError:
+    if slots is None:
+        return _one(pid, pyspy, timeout_s, native, nonblocking)
+    start = time.monotonic()
+    if not slots.acquire(timeout=timeout_s):
+        return StackError(pid=pid, reason=f"busy: no py-spy slot free within {timeout_s:g} s")
+    try:
+        left = max(0.1, timeout_s - (time.monotonic() - start))
+        return _one(pid, pyspy, left, native, nonblocking)
+    finally:
+        slots.release()
+
+
+def guarded(
+    dumper: Callable[[Sequence[int], float], BaseModel], refusal: Callable[[int], str | None]
+) -> Callable[[Sequence[int], float], BaseModel]:
+    """``dumper`` called with the pids ``refusal`` accepts only; each refused pid becomes a
+    ``StackError`` with the reason (py-spy never runs against it)."""
+
+    def dump(pids: Sequence[int], timeout_s: float) -> BaseModel:
+        unique = list(dict.fromkeys(pids))
+        refused = {p: r for p in unique if (r := refusal(p)) is not None}
+        errs = [StackError(pid=p, reason=r) for p, r in refused.items()]
+        allowed = [p for p in unique if p not in refused]
+        if not allowed:
+            return StacksReport(errors=errs)
+        report = dumper(allowed, timeout_s)
+        if errs and isinstance(report, StacksReport):
+            report = report.model_copy(update={"errors": [*report.errors, *errs]})
+        return report
+
+    return dump
 
 
 def _one(

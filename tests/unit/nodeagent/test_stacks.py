@@ -8,10 +8,12 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
+from pydantic import BaseModel
 
 from collscope.nodeagent import stacks
 
@@ -160,3 +162,36 @@ def test_bare_name_found_beside_the_interpreter_without_path(
         pytest.skip(f"this machine forbids ptrace: {report.errors[0].reason}")
     assert report.errors == []
     assert report.groups[0].frames[0].startswith("stuck_in_io")
+
+
+def test_guarded_never_runs_pyspy_against_a_refused_pid(tmp_path: pathlib.Path) -> None:
+    log = tmp_path / "runs"
+    fake = script(tmp_path, "py-spy", f'echo "$4" >> {log}; echo "[]"')  # $4: the --pid value
+
+    def dumper(pids: Sequence[int], timeout_s: float) -> BaseModel:
+        return stacks.dump(pids, pyspy=fake, timeout_s=timeout_s)
+
+    def refusal(pid: int) -> str | None:
+        return None if pid == 10 else f"refused: pid {pid} is not in a training pod"
+
+    report = stacks.guarded(dumper, refusal)([10, 4242, 10], 5.0)
+    assert isinstance(report, stacks.StacksReport)
+    assert report.errors == [
+        stacks.StackError(pid=4242, reason="refused: pid 4242 is not in a training pod")
+    ]
+    assert log.read_text().split() == ["10"]
+    report = stacks.guarded(dumper, refusal)([1], 5.0)
+    assert isinstance(report, stacks.StacksReport) and [e.pid for e in report.errors] == [1]
+    assert log.read_text().split() == ["10"]  # py-spy never ran for pid 1
+
+
+def test_slots_cap_pyspy_runs_across_requests(tmp_path: pathlib.Path) -> None:
+    fake = script(tmp_path, "py-spy", 'echo "[]"')
+    slots = threading.BoundedSemaphore(1)
+    assert slots.acquire()  # another request's py-spy holds the only slot
+    t0 = time.monotonic()
+    report = stacks.dump([10], pyspy=fake, timeout_s=0.2, slots=slots)
+    assert [e.reason for e in report.errors] == ["busy: no py-spy slot free within 0.2 s"]
+    assert time.monotonic() - t0 < 1
+    slots.release()
+    assert stacks.dump([10], pyspy=fake, timeout_s=5, slots=slots).errors == []
