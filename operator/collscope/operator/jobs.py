@@ -7,7 +7,9 @@ of a tick (no kopf, no HTTP: the handler modules do the I/O).
   and the pods' ``status.hostIP`` (the DaemonSet listens on the host network, port 9464), or
   any other callable of the same shape (tests map nodes to in-process agents).
 - Rank mapping (``rank_placement``): the rings each node's agent lists (``/v1/ranks``) whose
-  pod is one of the job's pods on that node.
+  pod is one of the job's pods on that node, with the GPU (index, UUID) and NIC the agent's
+  device map found for each (``bundle_job`` writes them into the pulled window's ``job.json``,
+  so that every culprit names its node, pod, GPU and NIC).
 - ``JobRuntime``: the sample (``sampling.Sampler``: a plan that rotates part of it over the DP
   groups, tick by tick), the trigger (``analysis.trigger``, Mycroft Algorithm 1 §4.3) fed once
   per tick with the watched ranks' records, numbered alike from tick to tick (``numbering``),
@@ -36,6 +38,10 @@ from collscope.operator.analysis import engine, trigger
 
 # (node name, host IP or "") -> base URL of that node's agent, or None when unknown.
 AgentDirectory = Callable[[str, str], str | None]
+# Rediscoveries while some rank's GPU or NIC is unknown: an agent's device map settles within a
+# second or two of a ring appearing (NVML lists the process at its next 1 Hz sample), and a
+# node without NVML or without NICs in sysfs never settles, so the asking stops.
+DEVICE_RETRIES = 3
 
 
 def template_directory(template: str) -> AgentDirectory:
@@ -87,6 +93,9 @@ class RankPlace:
     node: ids.NodeName
     pod: str
     pod_uid: str
+    gpu: int | None = None  # NVML index on the node
+    gpu_uuid: str | None = None
+    nic: str | None = None  # as NCCL names it: mlx5_0, mlx5_0:1, eth2
 
 
 def rank_placement(
@@ -105,18 +114,30 @@ def rank_placement(
             if info.health in ("error", "retired"):
                 continue
             out[ids.Rank(info.rank)] = RankPlace(
-                ids.Rank(info.rank), ids.NodeName(node), pod.name, info.pod_uid or pod.uid
+                ids.Rank(info.rank),
+                ids.NodeName(node),
+                pod.name,
+                info.pod_uid or pod.uid,
+                gpu=info.gpu_index,
+                gpu_uuid=info.gpu_uuid,
+                nic=info.nic,
             )
     return out
 
 
 def bundle_job(name: str, ranks: Mapping[ids.Rank, RankPlace]) -> models.Job:
-    """The ``job.json`` of a pulled window: world size and where each rank runs."""
+    """The ``job.json`` of a pulled window: world size and where each rank runs (node, pod,
+    and the GPU and NIC its agent resolved, None where it could not)."""
     world = max(ranks, default=0) + 1
     return models.Job(
         job=name,
         world_size=world,
-        ranks=[models.RankInfo(rank=r, node=p.node, pod=p.pod) for r, p in sorted(ranks.items())],
+        ranks=[
+            models.RankInfo(
+                rank=r, node=p.node, pod=p.pod, gpu=p.gpu, gpu_uuid=p.gpu_uuid, nic=p.nic
+            )
+            for r, p in sorted(ranks.items())
+        ],
     )
 
 
@@ -170,14 +191,19 @@ class JobRuntime:
     # open slowdown episodes: "slow/<comm>" -> (its incident, ``ticks_run`` of its last trigger)
     episodes: dict[str, tuple[str, int]] = field(default_factory=dict)
     watched_when: dict[str, tuple[ids.Rank, ...]] = field(default_factory=dict)  # diag -> ranks
+    device_asks: int = 0  # discoveries since the pods last changed (``DEVICE_RETRIES``)
 
     def needs_discovery(self, pods: Mapping[str, PodPlace], now_s: float, every_s: float) -> bool:
-        """Ask the agents again: the pods changed, or some pod has no rank yet (rings appear
-        when the process initialises NCCL) and ``every_s`` passed."""
+        """Ask the agents again: the pods changed, or, once ``every_s`` passed, some pod has no
+        rank yet (rings appear when the process initialises NCCL) or some rank's GPU or NIC is
+        still unknown (at most ``DEVICE_RETRIES`` times)."""
         if frozenset(pods.values()) != self.pods_seen:
             return True
+        if now_s - self.discovered_at_s < every_s:
+            return False
         missing = {p.name for p in pods.values() if p.node} - {r.pod for r in self.ranks.values()}
-        return bool(missing) and now_s - self.discovered_at_s >= every_s
+        unplaced = any(r.gpu is None or r.nic is None for r in self.ranks.values())
+        return bool(missing) or (unplaced and self.device_asks < DEVICE_RETRIES)
 
     def set_max_ranks(self, max_ranks: int) -> None:
         """The job's ``spec.diagnosis.sampling.maxRanks``; a change chooses the sample again."""

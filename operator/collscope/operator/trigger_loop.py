@@ -135,7 +135,7 @@ def note_failures(memo: kopf.Memo, failed: list[agents.Unreachable]) -> None:
 async def discover(
     memo: kopf.Memo, key: jobs.JobKey, rt: jobs.JobRuntime, now_s: float
 ) -> list[agents.Unreachable]:
-    """Rank -> node of the job from its nodes' agents (``/v1/ranks``)."""
+    """Rank -> node, GPU and NIC of the job from its nodes' agents (``/v1/ranks``)."""
     pods: jobs.Pods = memo.pods
     places = dict(pods.by_job.get(key, {}))
     clients = clients_of(memo, key)
@@ -145,6 +145,7 @@ async def discover(
         agents.Unreachable(n, "no agent URL for this node") for n in nodes if n not in clients
     ]
     rt.ranks = jobs.rank_placement(key[0], places, answers)
+    rt.device_asks = rt.device_asks + 1 if rt.pods_seen == frozenset(places.values()) else 0
     rt.pods_seen = frozenset(places.values())
     rt.discovered_at_s = now_s
     if rt.ranks:  # the comm records come with any window, even an empty range

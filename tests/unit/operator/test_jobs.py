@@ -63,6 +63,32 @@ def test_rank_placement_keeps_only_the_jobs_pods_on_their_node() -> None:
     assert job.world_size == 3 and [r.node for r in job.ranks] == ["n1", "n1", "n2"]
 
 
+def test_rank_placement_carries_the_agents_device_map_into_job_json() -> None:
+    pods = {"p0": place("p0", "n1"), "p1": place("p1", "n1")}
+    answer = api.RanksResponse(
+        node="n1",
+        now_ns=1,
+        ranks=[
+            api.RankInfo(rank=0, pod_name="p0", ring_path="/r0", health="live", gpu_index=4,
+                         gpu_uuid="GPU-4", gpu_pci_bus_id="0000:18:00.0", nic="mlx5_2"),
+            api.RankInfo(rank=1, pod_name="p1", ring_path="/r1", health="live",
+                         unresolved="gpu: no NVML; nic: GPU unknown, 4 NICs to choose from"),
+        ],
+    )  # fmt: skip
+    got = jobs.rank_placement("ml", pods, {"n1": answer})
+    job = jobs.bundle_job("tj", got)
+    assert [(r.rank, r.node, r.pod, r.gpu, r.gpu_uuid, r.nic) for r in job.ranks] == [
+        (0, "n1", "p0", 4, "GPU-4", "mlx5_2"),
+        (1, "n1", "p1", None, None, None),
+    ]
+    # Rank 1's devices are unknown: asked again every 5 s, DEVICE_RETRIES times at most.
+    rt = jobs.JobRuntime(ranks=got, pods_seen=frozenset(pods.values()), discovered_at_s=0.0)
+    assert not rt.needs_discovery(pods, 1.0, every_s=5)
+    assert rt.needs_discovery(pods, 5.0, every_s=5)
+    rt.device_asks = jobs.DEVICE_RETRIES
+    assert not rt.needs_discovery(pods, 60.0, every_s=5)
+
+
 def test_incident_names_are_stable_and_distinct() -> None:
     hang = trigger.TriggerResult("hang", 1, 2, 0, (1,), 0, 17, "x")
     slow = trigger.TriggerResult("slow", 1, 2, 0, (1,), 0, 17, "x")
@@ -96,7 +122,9 @@ def test_discovery_and_resample_follow_the_pods() -> None:
     assert rt.needs_discovery(pods, 5.0, every_s=5)
     # A changed pod (moved to another node) is asked at once.
     assert rt.needs_discovery({"p0": place("p0", "n2")}, 1.0, every_s=5)
-    rt.ranks = {ids.Rank(0): jobs.RankPlace(ids.Rank(0), ids.NodeName("n1"), "p0", "u0")}
+    rt.ranks = {
+        ids.Rank(0): jobs.RankPlace(ids.Rank(0), ids.NodeName("n1"), "p0", "u0", gpu=0, nic="ib0")
+    }
     assert not rt.needs_discovery(pods, 60.0, every_s=5)
     first = rt.resample(trigger.TriggerSettings(), NO_GROUPS)
     state = rt.state
