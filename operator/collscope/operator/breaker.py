@@ -10,6 +10,11 @@ this breaker (after ``policy.decide``):
   cluster's nodes (default 5 %), rounded down but at least ``min_cap_nodes`` (default 1, so a
   cluster of fewer than 20 nodes may still lose one node; 0 makes the fraction strict).
 
+The held set is the nodes' own truth: the remediator rebuilds it from the nodes that carry
+collscope's record (``remediation.is_held``) at start-up and before every cordon
+(``sync_held``), so a node someone released by hand, with ``collscope uncordon`` or
+``kubectl``, no longer counts, and a mark made before a restart still does.
+
 A request beyond either cap *trips* the breaker: it opens, refuses every later cordon and stays
 open until a human resets it (NVSentinel's breaker behaves the same way; its trip point is 50 %
 of GPU nodes in 5 min). The cordon history is kept across a reset, so the caps still hold.
@@ -164,8 +169,13 @@ class Breaker:
         return verdict
 
     def release(self, node: ids.NodeName) -> None:
-        """``node``'s marks were removed (Diagnosis deleted or ``collscope uncordon``)."""
+        """``node``'s marks were removed (``collscope uncordon``, or a failed cordon)."""
         self.state.held.discard(node)
+
+    def sync_held(self, held: set[ids.NodeName]) -> None:
+        """The nodes that carry collscope's marks now (read from the nodes): the held count
+        follows them, whatever was recorded before. The cordon history is left alone."""
+        self.state.held = set(held)
 
     def reset(self, by: str) -> None:
         """A human closes the breaker; the cordon history stays, so the caps still apply."""

@@ -171,3 +171,20 @@ def test_summary_is_the_visible_state() -> None:
     s = b.summary(40)
     assert s["state"] == "Open" and s["trippedAtS"] == clock.now and "n3" in s["reason"]
     json.dumps(s)
+
+
+def test_held_follows_the_nodes_marks() -> None:
+    """Issue 14: a node released by hand no longer counts, and a node still marked after a
+    restart (a breaker state that lost it) counts again; the cordon history stays."""
+    clock = Clock()
+    cfg = breaker.BreakerSettings(max_cordons=10, max_fraction=0.0, min_cap_nodes=1)
+    b = breaker.Breaker(cfg, clock)
+    assert b.acquire(node(1), 100).allowed
+    assert not b.check(node(2), 100).allowed  # one node held at a time
+    b.sync_held(set())  # someone removed n1's marks by hand
+    assert b.check(node(2), 100).allowed
+    assert len(b.recent()) == 1
+    fresh = breaker.Breaker(cfg, clock)  # a restart with no state: the marks say n1 is held
+    fresh.sync_held({node(1)})
+    assert fresh.summary(100)["held"] == ["n1"]
+    assert not fresh.check(node(2), 100).allowed
