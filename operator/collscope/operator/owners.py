@@ -152,3 +152,30 @@ def trainingjob_body(
         },
         "spec": spec,
     }
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether ``labels`` satisfy a Kubernetes LabelSelector (``matchLabels`` and
+    ``matchExpressions`` with In, NotIn, Exists, DoesNotExist, all ANDed), as the API server
+    reads ``TrainingJob.spec.selector``. An empty selector matches nothing here (it would
+    select every pod of the namespace: never what a hand-written TrainingJob means); an
+    unknown operator matches nothing."""
+    match_labels = selector.get("matchLabels") or {}
+    expressions = selector.get("matchExpressions") or []
+    if not match_labels and not expressions:
+        return False
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for e in expressions:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True

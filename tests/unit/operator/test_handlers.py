@@ -58,7 +58,7 @@ OPT_IN = {"collscope.dev/diagnose": "true"}
 
 
 @contextlib.asynccontextmanager
-async def operator(emulator: Any) -> AsyncIterator[None]:
+async def operator(emulator: Any) -> AsyncIterator[kopf.Memo]:
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
 
@@ -72,17 +72,18 @@ async def operator(emulator: Any) -> AsyncIterator[None]:
     client = kubernetes.client.Configuration(host=str(emulator.url).rstrip("/"))
     api = kube.Kube(kubernetes.client.ApiClient(client))
     stop = asyncio.Event()
+    memo = handlers.memo_for(api)
     task = asyncio.create_task(
         kopf.operator(
             registry=registry,
             settings=settings,
             clusterwide=True,
             stop_flag=stop,
-            memo=handlers.memo_for(api),
+            memo=memo,
         )
     )
     try:
-        yield
+        yield memo
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
@@ -161,3 +162,43 @@ async def test_opted_in_pods_get_one_trainingjob_per_workload(cluster: Any) -> N
     # ... and none for the pod without a controller ("lonely").
     assert {r.data["metadata"]["name"] for r in creates} == {"jobset-llama", "job-bert"}
     assert "finalizers" not in cluster.objects["v1/pods", NS, "llama-0"]["metadata"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_a_hand_written_trainingjob_finds_its_pods_by_selector(cluster: Any) -> None:
+    """``spec.selector`` (issue 15 item 7): pods without a controller, or whose controller
+    collscope does not know, are the job of the TrainingJob selecting them, whether it was
+    written before or after them; they get no TrainingJob of their own."""
+    selected = {"app": "llama", "role": "worker"}
+    for i in range(2):
+        p = pod(f"w-{i}", None, OPT_IN)
+        p["metadata"]["labels"] = selected
+        p["spec"]["nodeName"] = f"gpu-{i}"
+        cluster.objects["v1/pods", NS, f"w-{i}"] = p
+    owned = pod("owned-0", ref("batch/v1", "Job", "bert"), OPT_IN)
+    owned["metadata"]["labels"] = {"app": "llama", "role": "launcher"}
+    cluster.objects["v1/pods", NS, "owned-0"] = owned
+    cluster.objects[TJ, NS, "llama"] = {
+        "apiVersion": "collscope.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": meta("llama", "TrainingJob"),
+        "spec": {"selector": {"matchLabels": {"app": "llama"}, "matchExpressions": [
+            {"key": "role", "operator": "In", "values": ["worker", "launcher"]}]}},
+    }  # fmt: skip
+    async with operator(cluster) as memo:
+        pods = memo.pods
+        await until(lambda: set(pods.by_job.get((NS, "llama"), {})) == {"w-0", "w-1", "owned-0"})
+        assert pods.nodes((NS, "llama")) == {"gpu-0": "", "gpu-1": ""}
+        # A second, later TrainingJob takes pods already seen.
+        async with aiohttp.ClientSession() as http:
+            url = f"{str(cluster.url).rstrip('/')}/apis/collscope.dev/v1alpha1/namespaces/{NS}"
+            late = {"apiVersion": "collscope.dev/v1alpha1", "kind": "TrainingJob",
+                    "metadata": meta("launchers", "TrainingJob"),
+                    "spec": {"selector": {"matchLabels": {"role": "launcher"}}}}  # fmt: skip
+            async with http.post(f"{url}/trainingjobs", json=late) as answer:
+                assert answer.status < 300
+        await until(lambda: set(pods.by_job.get((NS, "launchers"), {})) == {"owned-0"})
+        assert set(pods.by_job[(NS, "llama")]) == {"w-0", "w-1"}
+    # The selected pods' workload got no TrainingJob of its own.
+    assert trainingjob(cluster, "job-bert") is None
+    assert memo.warned >= {("uid-Pod-w-0", "NotInjected")}  # opted in, never injected

@@ -156,3 +156,34 @@ def test_trainingjob_body_matches_the_crd(crds: Any) -> None:
     o = owners.OwnerRef("jobset.x-k8s.io/v1alpha2", "JobSet", "llama", "u")
     body = owners.trainingjob_body(o, ids.Namespace("ml"), "tp=8,dp=2,order=tp-cp-ep-pp-dp")
     crds.validator("trainingjobs", "spec").validate(body["spec"])
+
+
+def test_label_selectors_as_the_api_server_reads_them() -> None:
+    labels = {"app": "llama", "role": "worker", "tier": "gpu"}
+    assert owners.selector_matches({"matchLabels": {"app": "llama"}}, labels)
+    assert not owners.selector_matches({"matchLabels": {"app": "bert"}}, labels)
+    expr: list[dict[str, Any]] = [
+            {"key": "role", "operator": "In", "values": ["worker", "master"]},
+            {"key": "tier", "operator": "NotIn", "values": ["cpu"]},
+            {"key": "app", "operator": "Exists"},
+            {"key": "debug", "operator": "DoesNotExist"}]  # fmt: skip
+    assert owners.selector_matches({"matchLabels": {"app": "llama"}, "matchExpressions": expr},
+                                   labels)  # fmt: skip
+    for i, flip in enumerate(([], ["cpu", "gpu"], None, None)):
+        broken = [dict(e) for e in expr]
+        if flip is not None:
+            broken[i]["values"] = flip
+        else:
+            broken[i]["operator"] = {"Exists": "DoesNotExist", "DoesNotExist": "Exists"}[
+                broken[i]["operator"]
+            ]
+        assert not owners.selector_matches({"matchExpressions": broken}, labels), broken[i]
+    assert owners.selector_matches(
+        {"matchExpressions": [{"key": "x", "operator": "NotIn", "values": ["a"]}]}, labels
+    )  # NotIn holds for a missing label, as in Kubernetes
+    # An empty selector would take every pod of the namespace: never meant here.
+    assert not owners.selector_matches({}, labels)
+    assert not owners.selector_matches({"matchLabels": {}, "matchExpressions": []}, labels)
+    assert not owners.selector_matches(
+        {"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]}, labels
+    )
