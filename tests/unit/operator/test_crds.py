@@ -160,6 +160,9 @@ def test_status_schema_accepts_flow_culprits(crds: Any) -> None:
         culprits=[
             diagnosis.Culprit(component="link", score=0.8, switch="leaf-3", job="job-1"),
             diagnosis.Culprit(rank=3, component="nic", score=0.5, group="job-1/dp-0"),
+            diagnosis.Culprit(
+                rank=4, gpu=2, gpu_uuid="GPU-8c1f", nic="mlx5_2", component="gpu", score=0.4
+            ),
         ],
         confidence=0.8,
         precision="node",

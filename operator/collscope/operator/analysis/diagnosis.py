@@ -151,7 +151,8 @@ class Culprit(_Model):
     ``flows.jsonl``) and ``endpoint`` (the flow endpoint id of a GPU). ``rank`` is then None
     when no GPU is meant (a job or a switch). The four are left out of the JSON when None, so
     collective diagnoses print exactly as before. Profiling analysis (``functions.jsonl``) adds
-    ``function``: the abnormal function on that rank, likewise left out when None.
+    ``function``: the abnormal function on that rank, likewise left out when None; so is
+    ``gpu_uuid``, the GPU's NVML UUID when job.json gives it (the node agent's device map).
     """
 
     rank: Annotated[int, Field(ge=0)] | None = None
@@ -169,6 +170,7 @@ class Culprit(_Model):
     switch: str | None = None
     endpoint: str | None = None
     function: str | None = None  # profiling analysis: the abnormal function (fn of functions.jsonl)
+    gpu_uuid: str | None = None  # job.json ranks[].gpu_uuid: the GPU by NVML's UUID
 
     @model_serializer(mode="wrap")
     def _omit_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -179,7 +181,7 @@ class Culprit(_Model):
         return data
 
 
-_CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint", "function")
+_CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint", "function", "gpu_uuid")
 
 
 class Alternative(_Model):

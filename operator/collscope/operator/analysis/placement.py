@@ -86,6 +86,7 @@ class Placement:
             node=None if info is None else info.node,
             pod=None if info is None else info.pod,
             gpu=None if info is None else info.gpu,
+            gpu_uuid=None if info is None else info.gpu_uuid,
             nic=None if info is None else info.nic,
             component=component,
             comm=comm,

@@ -87,3 +87,20 @@ def test_culprit_copies_placement_and_clamps_score() -> None:
 )
 def test_seconds(ns: int, text: str) -> None:
     assert placement.seconds(ns) == text
+
+
+def test_culprit_carries_the_gpu_uuid_only_when_known() -> None:
+    job = models.Job(
+        world_size=2,
+        ranks=[
+            models.RankInfo(rank=0, node="n", pod="p0", gpu=4, gpu_uuid="GPU-8c1f", nic="mlx5_2"),
+            models.RankInfo(rank=1, node="n", gpu=5),
+        ],
+    )
+    where = placement.Placement.of(job)
+    named = where.culprit(0, component="gpu", score=1.0)
+    assert (named.node, named.pod, named.gpu, named.gpu_uuid, named.nic) == (
+        "n", "p0", 4, "GPU-8c1f", "mlx5_2",
+    )  # fmt: skip
+    assert named.model_dump()["gpu_uuid"] == "GPU-8c1f"
+    assert "gpu_uuid" not in where.culprit(1, component="gpu", score=1.0).model_dump()
