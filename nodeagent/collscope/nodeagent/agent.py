@@ -9,12 +9,19 @@ Process ids: a ring header carries the writer's ``getpid()``, which is the host 
 the training container shares the host's PID namespace; with ``hostPID: true`` on the agent and
 a normal training pod, the two differ: ``procs.host_pid`` maps them (``/proc/*/status`` NSpid,
 the pod uid in ``/proc/*/cgroup``) for py-spy, Flight Recorder and NVML's process list.
+
+Only training processes: whatever stacks and Flight Recorder dumpers are injected, the agent
+wraps them (``stacks.guarded``, ``flightrecorder.guarded``) so that a pid reaches them only if
+``procs.TrainingProcesses`` places it in a pod holding a discovered ring (or, outside pods, it
+is still a ring's writer); a pid named in a request, or written in a ring header by a tenant,
+gets no further.
 """
 
 from __future__ import annotations
 
 import functools
 import pathlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -23,6 +30,7 @@ import pydantic
 from collscope.nodeagent import (
     discovery,
     flightrecorder,
+    frdump,
     hardware,
     launchers,
     liveness,
@@ -69,12 +77,16 @@ class Agent:
             nvml = hardware_sampler if isinstance(hardware_sampler, hardware.Sampler) else None
             sys_root = pathlib.Path(config.hardware.sys_root)
             devices = devicemap.DeviceMap(nvml, sys_root=sys_root, proc_root=proc_root)
+        self.targets = procs.TrainingProcesses(self._pods, self._writers, proc_root=proc_root)
+        refusal = self.targets.refusal
         self.service = service.Service(
             config.node_name,
             self.sampler,
             hardware=hardware_sampler,
-            stacks=stacks_dumper,
-            flightrecorder=fr_dumper,
+            stacks=None if stacks_dumper is None else stacks.guarded(stacks_dumper, refusal),
+            flightrecorder=None
+            if fr_dumper is None
+            else flightrecorder.guarded(fr_dumper, refusal),
             host_pid=None if proc_root is None else functools.partial(_host_pid, proc_root),
             probe=None if proc_root is None else liveness.ProcessProbe(proc_root),
             devices=devices,
@@ -89,6 +101,20 @@ class Agent:
             config.server.listen_port,
             live_max_age_s=live_s,
         )
+
+    def _pods(self) -> set[str]:
+        """The uids of the pods holding a ring the agent follows."""
+        return {t.pod_uid for t in self.sampler.rings() if t.pod_uid and t.health != "retired"}
+
+    def _writers(self) -> list[tuple[int, int]]:
+        """(host pid, pid in its namespace) of the writers of rings found outside any pod."""
+        out = []
+        for t in self.sampler.rings():
+            if t.pod_uid is None and t.identity is not None and t.health != "retired":
+                host = self.service.host_pid(t)
+                if host is not None:
+                    out.append((host, t.identity.pid))
+        return out
 
     def start(self) -> None:
         self.sampler.start()
@@ -135,18 +161,25 @@ def default_hardware(config: settings.Settings) -> hardware.Sampler:
     )
 
 
-def stacks_dumper(pyspy: str) -> service.Dumper:
-    """``stacks.dump`` as the service calls it."""
+def stacks_dumper(pyspy: str, *, max_running: int = stacks.MAX_RUNNING) -> service.Dumper:
+    """``stacks.dump`` as the service calls it, at most ``max_running`` py-spy at once."""
+    slots = threading.BoundedSemaphore(max_running)
 
     def dump(pids: Sequence[int], timeout_s: float) -> pydantic.BaseModel:
-        return stacks.dump(pids, timeout_s=timeout_s, pyspy=pyspy)
+        return stacks.dump(pids, timeout_s=timeout_s, pyspy=pyspy, slots=slots)
 
     return dump
 
 
-def fr_dumper(proc_root: pathlib.Path = pathlib.Path("/proc")) -> service.RankDumper:
+def fr_dumper(
+    proc_root: pathlib.Path = pathlib.Path("/proc"),
+    *,
+    limits: frdump.ParseLimits = frdump.DEFAULT_LIMITS,
+) -> service.RankDumper:
     """``flightrecorder.trigger`` for (rank, pid) pairs: each process's debug pipe is found in
-    its environment and reached through ``<proc_root>/<pid>/root`` (its mount namespace)."""
+    its environment and reached through ``<proc_root>/<pid>/root`` (its mount namespace); one
+    ``frdump.Parser`` bounds the dump parsers running at once across requests."""
+    parser = frdump.Parser(limits)
 
     def dump(
         targets: Sequence[tuple[int, int]], timeout_s: float
@@ -168,7 +201,7 @@ def fr_dumper(proc_root: pathlib.Path = pathlib.Path("/proc")) -> service.RankDu
                 failed.append(flightrecorder.RankFailure(rank=rank, reason=reason))
             else:
                 found.append(t)
-        report = flightrecorder.trigger(found, timeout_s=timeout_s)
+        report = flightrecorder.trigger(found, timeout_s=timeout_s, parser=parser)
         errs = sorted([*report.errors, *failed], key=lambda f: f.rank)
         return report.model_copy(update={"errors": errs})
 
