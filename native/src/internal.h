@@ -85,6 +85,7 @@ enum cs_kind {
     CS_K_KERNELCH = 0xd4,
     CS_K_STEP = 0xd5,
     CS_K_KCH_EMBEDDED = 0xd6,
+    CS_K_LINK = 0xd7,           /* chain.c: collscope's and the next plugin's handles */
 };
 
 enum { CS_OPH_ACTIVE = 1, CS_OPH_DONE = 2 };
@@ -490,5 +491,41 @@ CS_HIDDEN void *cs_kernel_ch_start(void *parent, int channel, uint64_t ptimer);
 CS_HIDDEN ncclResult_t cs_stop_event(void *handle);
 CS_HIDDEN ncclResult_t cs_record_state(void *handle, ncclProfilerEventState_t state,
                                        ncclProfilerEventStateArgs_t *args);
+
+/* ---- plugin.c: the per-version adapters, also called by chain.c ------------------------ */
+CS_HIDDEN ncclResult_t cs_init_v4(void **context, int *mask, const char *name, uint64_t hash,
+                                  int nnodes, int nranks, int rank, ncclDebugLogger_t logfn);
+CS_HIDDEN ncclResult_t cs_init_v5(void **context, uint64_t comm_id, int *mask,
+                                  const char *name, int nnodes, int nranks, int rank,
+                                  ncclDebugLogger_t logfn);
+CS_HIDDEN ncclResult_t cs_init_v6(void **context, uint64_t comm_id, int *mask,
+                                  const char *name, int nnodes, int nranks, int rank,
+                                  ncclDebugLogger_t logfn);
+CS_HIDDEN ncclResult_t cs_start_v4(void *context, void **handle, ncclProfilerEventDescr_v4_t *d);
+CS_HIDDEN ncclResult_t cs_start_v5(void *context, void **handle, ncclProfilerEventDescr_v5_t *d);
+CS_HIDDEN ncclResult_t cs_start_v6(void *context, void **handle, ncclProfilerEventDescr_v6_t *d);
+CS_HIDDEN int cs_is_own_table(const void *table);
+
+/* ---- chain.c: forwarding to COLLSCOPE_NEXT_PROFILER_PLUGIN ------------------------------ */
+CS_HIDDEN int cs_chain_setup(void);
+CS_HIDDEN ncclResult_t cs_chain_init_v4(void **context, int *mask, const char *name,
+                                        uint64_t hash, int nnodes, int nranks, int rank,
+                                        ncclDebugLogger_t logfn);
+CS_HIDDEN ncclResult_t cs_chain_init_v5(void **context, uint64_t comm_id, int *mask,
+                                        const char *name, int nnodes, int nranks, int rank,
+                                        ncclDebugLogger_t logfn);
+CS_HIDDEN ncclResult_t cs_chain_init_v6(void **context, uint64_t comm_id, int *mask,
+                                        const char *name, int nnodes, int nranks, int rank,
+                                        ncclDebugLogger_t logfn);
+CS_HIDDEN ncclResult_t cs_chain_start_v4(void *context, void **handle,
+                                         ncclProfilerEventDescr_v4_t *d);
+CS_HIDDEN ncclResult_t cs_chain_start_v5(void *context, void **handle,
+                                         ncclProfilerEventDescr_v5_t *d);
+CS_HIDDEN ncclResult_t cs_chain_start_v6(void *context, void **handle,
+                                         ncclProfilerEventDescr_v6_t *d);
+CS_HIDDEN ncclResult_t cs_chain_stop(void *handle);
+CS_HIDDEN ncclResult_t cs_chain_record(void *handle, ncclProfilerEventState_t state,
+                                       ncclProfilerEventStateArgs_t *args);
+CS_HIDDEN ncclResult_t cs_chain_finalize(void *context);
 
 #endif /* COLLSCOPE_INTERNAL_H */

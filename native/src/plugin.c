@@ -1,7 +1,9 @@
 /*
  * plugin.c: the exported profiler tables ncclProfiler_v4, ncclProfiler_v5 and ncclProfiler_v6
  * (NCCL 2.27 through 2.30 pick the newest they know: notes §1) and the per-version adapters
- * that turn each descriptor layout into calls of the version-neutral code in events.c.
+ * that turn each descriptor layout into calls of the version-neutral code in events.c. When
+ * COLLSCOPE_NEXT_PROFILER_PLUGIN is set, the constructor points the tables at chain.c, which
+ * calls these adapters and the next plugin.
  */
 #include <unistd.h>
 
@@ -13,19 +15,19 @@ struct cs_global cs_g = {
 
 /* ---- init: the argument order differs between v4 and v5/v6 ------------------------------- */
 
-static ncclResult_t init_v4(void **context, int *mask, const char *name, uint64_t hash,
+ncclResult_t cs_init_v4(void **context, int *mask, const char *name, uint64_t hash,
                             int nnodes, int nranks, int rank, ncclDebugLogger_t logfn)
 {
     return cs_init_common(context, mask, name, hash, nnodes, nranks, rank, logfn, 4);
 }
 
-static ncclResult_t init_v5(void **context, uint64_t comm_id, int *mask, const char *name,
+ncclResult_t cs_init_v5(void **context, uint64_t comm_id, int *mask, const char *name,
                             int nnodes, int nranks, int rank, ncclDebugLogger_t logfn)
 {
     return cs_init_common(context, mask, name, comm_id, nnodes, nranks, rank, logfn, 5);
 }
 
-static ncclResult_t init_v6(void **context, uint64_t comm_id, int *mask, const char *name,
+ncclResult_t cs_init_v6(void **context, uint64_t comm_id, int *mask, const char *name,
                             int nnodes, int nranks, int rank, ncclDebugLogger_t logfn)
 {
     return cs_init_common(context, mask, name, comm_id, nnodes, nranks, rank, logfn, 6);
@@ -93,7 +95,7 @@ static void *ancestor_handle(void *ctx, uint64_t type)
     return (ctx != NULL && (type & ancestors) != 0) ? (void *)&cs_dummy_handle : NULL;
 }
 
-static ncclResult_t start_v4(void *context, void **handle, ncclProfilerEventDescr_v4_t *d)
+ncclResult_t cs_start_v4(void *context, void **handle, ncclProfilerEventDescr_v4_t *d)
 {
     if (handle == NULL) {
         return ncclSuccess;
@@ -107,7 +109,7 @@ static ncclResult_t start_v4(void *context, void **handle, ncclProfilerEventDesc
     return ncclSuccess;
 }
 
-static ncclResult_t start_v5(void *context, void **handle, ncclProfilerEventDescr_v5_t *d)
+ncclResult_t cs_start_v5(void *context, void **handle, ncclProfilerEventDescr_v5_t *d)
 {
     if (handle == NULL) {
         return ncclSuccess;
@@ -121,7 +123,7 @@ static ncclResult_t start_v5(void *context, void **handle, ncclProfilerEventDesc
     return ncclSuccess;
 }
 
-static ncclResult_t start_v6(void *context, void **handle, ncclProfilerEventDescr_v6_t *d)
+ncclResult_t cs_start_v6(void *context, void **handle, ncclProfilerEventDescr_v6_t *d)
 {
     if (handle == NULL) {
         return ncclSuccess;
@@ -141,8 +143,8 @@ static ncclResult_t start_v6(void *context, void **handle, ncclProfilerEventDesc
 
 CS_EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
     .name = "collscope",
-    .init = init_v4,
-    .startEvent = start_v4,
+    .init = cs_init_v4,
+    .startEvent = cs_start_v4,
     .stopEvent = cs_stop_event,
     .recordEventState = cs_record_state,
     .finalize = cs_finalize,
@@ -150,8 +152,8 @@ CS_EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {
 
 CS_EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
     .name = "collscope",
-    .init = init_v5,
-    .startEvent = start_v5,
+    .init = cs_init_v5,
+    .startEvent = cs_start_v5,
     .stopEvent = cs_stop_event,
     .recordEventState = cs_record_state,
     .finalize = cs_finalize,
@@ -159,8 +161,8 @@ CS_EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {
 
 CS_EXPORT ncclProfiler_v6_t ncclProfiler_v6 = {
     .name = "collscope",
-    .init = init_v6,
-    .startEvent = start_v6,
+    .init = cs_init_v6,
+    .startEvent = cs_start_v6,
     .stopEvent = cs_stop_event,
     .recordEventState = cs_record_state,
     .finalize = cs_finalize,
@@ -179,8 +181,30 @@ __attribute__((destructor)) static void cs_unload(void)
     pthread_mutex_unlock(&cs_g.lock);
 }
 
+int cs_is_own_table(const void *table)
+{
+    return table == (const void *)&ncclProfiler_v4 || table == (const void *)&ncclProfiler_v5 ||
+           table == (const void *)&ncclProfiler_v6;
+}
+
 __attribute__((constructor)) static void cs_load(void)
 {
     /* glibc drops the handler again when the library is unloaded */
     pthread_atfork(NULL, NULL, cs_ring_forget_after_fork);
+    /* COLLSCOPE_NEXT_PROFILER_PLUGIN set: every table goes through chain.c. Done here, before
+     * NCCL's dlsym can read the tables; unset, the tables stay as above (no cost at all). */
+    if (cs_chain_setup()) {
+        ncclProfiler_v4.init = cs_chain_init_v4;
+        ncclProfiler_v4.startEvent = cs_chain_start_v4;
+        ncclProfiler_v5.init = cs_chain_init_v5;
+        ncclProfiler_v5.startEvent = cs_chain_start_v5;
+        ncclProfiler_v6.init = cs_chain_init_v6;
+        ncclProfiler_v6.startEvent = cs_chain_start_v6;
+        ncclProfiler_v4.stopEvent = ncclProfiler_v5.stopEvent = ncclProfiler_v6.stopEvent =
+            cs_chain_stop;
+        ncclProfiler_v4.recordEventState = ncclProfiler_v5.recordEventState =
+            ncclProfiler_v6.recordEventState = cs_chain_record;
+        ncclProfiler_v4.finalize = ncclProfiler_v5.finalize = ncclProfiler_v6.finalize =
+            cs_chain_finalize;
+    }
 }

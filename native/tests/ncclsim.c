@@ -138,6 +138,10 @@ void *sim_start(struct ncclsim *s, void *ctx, const struct sim_descr *d)
         FILL_UNION(e, d);
         if (d->type == ncclProfileCollApi) {
             e.collApi.func = d->func;
+        } else if (d->type == ncclProfileColl) {
+            e.coll.parentGroup = d->group;
+        } else if (d->type == ncclProfileP2p) {
+            e.p2p.parentGroup = d->group;
         }
         s->v5->startEvent(ctx, &h, &e);
     } else {
@@ -149,6 +153,10 @@ void *sim_start(struct ncclsim *s, void *ctx, const struct sim_descr *d)
         FILL_UNION(e, d);
         if (d->type == ncclProfileCollApi) {
             e.collApi.func = d->func;
+        } else if (d->type == ncclProfileColl) {
+            e.coll.parentGroup = d->group;
+        } else if (d->type == ncclProfileP2p) {
+            e.p2p.parentGroup = d->group;
         }
         s->v6->startEvent(ctx, &h, &e);
     }

@@ -37,6 +37,7 @@ struct sim_descr {
     pid_t pid;
     int channel, nsteps, chunk, is_send, step;
     uint64_t ptimer;
+    void *group;                /* v5+: Coll/P2p parentGroup, the legacy Group event */
 };
 
 /* 0 on success; on failure prints why and returns -1 */
