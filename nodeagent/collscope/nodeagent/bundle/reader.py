@@ -19,9 +19,11 @@ opened: the spec says readers ignore it, and analysis must not see it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import os
 import re
+import stat
 import tarfile
 import zlib
 from collections.abc import Collection, Generator, Iterable, Iterator
@@ -43,6 +45,9 @@ LIVENESS = "liveness.jsonl"
 MAX_LINE_BYTES = 64 * 2**20
 # job.json of a 100,000-rank job with every rank located is about 10 MB.
 MAX_JOB_BYTES = 256 * 2**20
+# Any file of a bundle (records are streamed; this bounds the time a read can take): a
+# 10-minute window of a 16,384-rank job is a few GB of gzipped records.
+MAX_FILE_BYTES = 64 * 2**30
 
 AnyRecord = models.CommRecord | models.OpRecord | models.StateRecord | models.HwRecord
 _RECORD: pydantic.TypeAdapter[AnyRecord] = pydantic.TypeAdapter(models.Record)
@@ -204,10 +209,35 @@ class _DirSource(_Source):
         return os.path.lexists(self.where(name))
 
     def open(self, name: str) -> IO[bytes]:
-        return open(self.where(name), "rb")  # closed by the caller
+        return _open_regular(self.where(name))  # closed by the caller
 
     def where(self, name: str) -> str:
         return os.path.join(self.root, name)
+
+
+def _open_regular(path: str, *, follow: bool = False) -> IO[bytes]:
+    """``path`` opened for reading only if it is a regular file of at most ``MAX_FILE_BYTES``,
+    not through a symbolic link (unless ``follow``: the archive the caller named), without
+    blocking (a FIFO would hang the reader): a bundle's files may come from a tenant (issue 15
+    item 2). ``BundleFormatError`` names what is wrong."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            why = "is a symbolic link: bundle files are read only as regular files"
+            raise _error(path, why) from e
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _error(path, f"is not a regular file (mode {stat.filemode(st.st_mode)})")
+        if st.st_size > MAX_FILE_BYTES:
+            raise _error(path, f"is {st.st_size} bytes, larger than {MAX_FILE_BYTES}")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class _TarSource(_Source):
@@ -216,11 +246,17 @@ class _TarSource(_Source):
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.tar = tarfile.open(label, "r:*")  # noqa: SIM115 (closed by close())
+        raw = _open_regular(label, follow=True)
+        try:
+            self.tar = tarfile.open(fileobj=raw, mode="r:*")  # noqa: SIM115 (closed by close())
+        except BaseException:
+            raw.close()
+            raise
+        self._raw = raw
         try:
             self.files = self._index(self.tar.getmembers())
         except BaseException:
-            self.tar.close()
+            self.close()
             raise
 
     def _index(self, members: list[tarfile.TarInfo]) -> dict[str, tarfile.TarInfo]:
@@ -264,7 +300,8 @@ class _TarSource(_Source):
         return f"{self.label}/{name if info is None else info.name}"
 
     def close(self) -> None:
-        self.tar.close()
+        self.tar.close()  # does not close a file object it was given
+        self._raw.close()
 
 
 @contextlib.contextmanager

@@ -24,8 +24,9 @@ and how far the best culprit stands above the next one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
@@ -54,6 +55,9 @@ class AnalysisSettings:
     """Every threshold of analysis, grouped by stage; defaults tuned on the simulator."""
 
     tick_s: float = 1.0  # the operator pulls trigger summaries once a second (DESIGN.md §5)
+    idle_replay_s: float = 300.0  # ticks replayed after the last record before a gap: past
+    # every hang threshold (a 10 s-step pipeline's is well under a minute); the rest of a gap
+    # holds no data and is skipped, so ticks are bounded by the records, not by the span
     max_sampled: int = 10  # Mycroft §4.3: at most 10 ranks watched at each tick
     hang_window_s: float = 2.0  # Δ of the failure window (t - Δ, t] (Mycroft §5.1)
     hang_lookback_s: float = 1.0  # ... reaching at least this far before the stall began
@@ -94,15 +98,17 @@ def diagnose(
     state = trigger.TriggerState(plan.at(0), settings.trigger, interval_ns=interval)
     first, last = span
     step = int(settings.tick_s * NS)
-    ticks = [*range(first + step, last, step), last]
-    for i, t in enumerate(ticks):
+    replayed: list[int] = []  # tick times: as many as records allow, never as a span asks
+    for i, t in enumerate(_ticks(bundle, first, last, step, int(settings.idle_replay_s * NS))):
+        replayed.append(t)
         state.watch(plan.at(i), watched)
         hit = state.update(watched, t)
         if hit is None:
             continue
         seen = plan.last_seen(i, hit.ranks) if hit.kind == "slow" else None
         if seen is not None:  # a rank that rotated in: the slowdown may predate its visit
-            hit = dataclasses.replace(hit, since_ns=min(hit.since_ns, first + (seen + 1) * step))
+            at = replayed[seen] if seen >= 0 else first + (seen + 1) * step
+            hit = dataclasses.replace(hit, since_ns=min(hit.since_ns, at))
         found = _root_cause(
             bundle, hit, grp=grp, where=where, settings=settings, interval=interval,
             observed=observed, period=state.base.period_ns() or 0,
@@ -112,13 +118,45 @@ def diagnose(
     return diagnosis.Diagnosis(
         anomaly=False,
         evidence=[
-            f"replayed {(last - first) / NS:.1f} s in {len(ticks)} ticks of "
+            f"replayed {(last - first) / NS:.1f} s in {len(replayed)} ticks of "
             f"{settings.tick_s:g} s on {plan.describe()} "
             f"({len(grp.of_kind('dp'))} DP groups, {len(grp.comms)} communicators): no "
             f"operation stalled past its threshold and no throughput, interval or CCL-D "
             f"slowdown ratio alarm held {settings.trigger.repeat_ticks} ticks in a row"
         ],
     )
+
+
+def _ticks(bundle: tables.Bundle, first: int, last: int, step: int, idle: int) -> Iterator[int]:
+    """The replay's tick times: ``first + k * step`` (k >= 1) before ``last``, then ``last``.
+
+    Bounded by the records, never by the span (issue 15 item 3: one record at ``ts = 1``
+    asked for 1.8e9 ticks): where no record falls within ``idle`` ns before a tick, the
+    replay jumps to the last grid tick before the next record. Nothing changes there (the
+    trigger sees no new data; a hang is judged within ``idle``), so a bundle without such
+    gaps replays every grid tick, as before. At most ``records x (idle / step + 1) + 1``
+    ticks; the record times are only gathered when the grid is longer than that could be.
+    """
+    grid = max(0, (last - first - 1) // step)
+    parts = [t["ts"] for t in (bundle.comms, bundle.ops, bundle.states, bundle.hw) if len(t)]
+    if grid <= sum(len(p) for p in parts) + _PLAIN_TICKS:
+        yield from range(first + step, last, step)
+        yield last
+        return
+    times = np.unique(np.concatenate(parts))
+    t = first + step
+    while t < last:
+        yield t
+        t += step
+        k = int(np.searchsorted(times, t, side="right"))  # records at or before t
+        if t - int(times[k - 1]) > idle and k < len(times):
+            t = max(t, first + (int(times[k]) - first) // step * step)
+    yield last
+
+
+# A span of this many ticks replays every tick whatever the records (an hour at 1 s ticks):
+# the cost of gathering record times is skipped where the grid cannot be large.
+_PLAIN_TICKS: Final = 3600
 
 
 def _root_cause(

@@ -395,7 +395,39 @@ def test_records_file_that_is_a_directory(make_bundle: MakeBundle, records: list
     (path / "records.jsonl").unlink()
     (path / "records.jsonl").mkdir()
     err = format_error(lambda: reader.load(path))
-    assert "cannot read" in err.reason and isinstance(err.__cause__, OSError)
+    assert err.reason == "is not a regular file (mode drwxr-xr-x)"
+    assert err.file == str(path / "records.jsonl")
+
+
+@pytest.mark.parametrize("name", ["job.json", "records.jsonl"])
+def test_a_bundle_file_that_is_a_symlink_is_not_followed(
+    make_bundle: MakeBundle, records: list[Record], tmp_path: pathlib.Path, name: str
+) -> None:
+    path = make_bundle(records)
+    secret = tmp_path / "secret"
+    (path / name).rename(secret)
+    (path / name).symlink_to(secret)
+    err = format_error(lambda: reader.load(path))
+    assert err.file == str(path / name) and "symbolic link" in err.reason
+
+
+def test_a_bundle_file_larger_than_the_cap_is_refused(
+    make_bundle: MakeBundle, records: list[Record], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make_bundle(records)
+    monkeypatch.setattr(reader, "MAX_FILE_BYTES", 10)
+    err = format_error(lambda: reader.load(path))
+    assert err.reason.endswith("bytes, larger than 10") and err.file == str(path / "job.json")
+
+
+def test_a_record_far_from_the_job_names_it(make_bundle: MakeBundle, records: list[Record]) -> None:
+    """Issue 15 item 3: a communicator record at ``ts = 1`` is refused at ingest."""
+    comm = next(r for r in records if r["type"] == "comm")
+    comm["ts"] = 1
+    err = format_error(lambda: reader.load(make_bundle(records)))
+    assert err.field == "ts"
+    assert err.reason.startswith(f"comm record of rank {comm['rank']} at 1 ns is ")
+    assert "outside the job's plausible span" in err.reason
 
 
 JOB_CASES: list[tuple[bytes, int | None, str | None, str]] = [

@@ -22,6 +22,9 @@ I32 = 2**31 - 1
 # extremes of each column sometimes.
 i64 = st.one_of(st.integers(0, 1000), st.integers(0, I64))
 i32 = st.one_of(st.integers(0, 64), st.integers(0, I32))
+# Record times: any, as long as the records fit in a job's plausible span (a bundle with one
+# record years away from the others is refused: tables.MAX_SPAN_NS).
+times = st.one_of(st.integers(0, 1000), st.integers(0, tables.MAX_SPAN_NS))
 comm_ids = st.one_of(
     st.sampled_from(["0x1", "0xabc"]), st.from_regex(r"0x[0-9a-f]{1,32}", fullmatch=True)
 )
@@ -59,7 +62,7 @@ def comm_records(draw: st.DrawFn) -> models.CommRecord:
     nranks = draw(st.integers(1, I32))
     return models.CommRecord(
         rank=draw(i32),
-        ts=draw(i64),
+        ts=draw(times),
         comm=draw(comm_ids),
         comm_rank=draw(st.integers(0, nranks - 1)),
         nranks=nranks,
@@ -73,7 +76,7 @@ def op_records(draw: st.DrawFn) -> models.OpRecord:
     start = draw(i64)
     return models.OpRecord(
         rank=draw(i32),
-        ts=draw(i64),
+        ts=draw(times),
         comm=draw(comm_ids),
         seq=draw(i64),
         op=draw(op_names),
@@ -92,7 +95,7 @@ def op_records(draw: st.DrawFn) -> models.OpRecord:
 def state_records(draw: st.DrawFn) -> models.StateRecord:
     return models.StateRecord(
         rank=draw(i32),
-        ts=draw(i64),
+        ts=draw(times),
         comm=draw(comm_ids),
         seq=draw(i64),
         op=draw(op_names),
@@ -104,7 +107,7 @@ def state_records(draw: st.DrawFn) -> models.StateRecord:
 
 
 hw_records = st.builds(
-    models.HwRecord, rank=i32, ts=i64, node=texts, device=texts, metric=texts, value=st.floats()
+    models.HwRecord, rank=i32, ts=times, node=texts, device=texts, metric=texts, value=st.floats()
 )
 any_records = st.lists(
     st.one_of(comm_records(), op_records(), state_records(), hw_records), max_size=25

@@ -14,6 +14,7 @@ from collscope.nodeagent.bundle import models, reader, tables, writer
 from collscope.operator.analysis import diagnosis, engine, failure
 from collscope.operator.simulator import engine as simulator
 
+S = 1_000_000_000
 Ring = Any  # conftest.Ring: conftest modules cannot be imported under --import-mode=importlib
 Sim16 = Callable[..., simulator.SimResult]
 
@@ -124,3 +125,23 @@ def test_runner_up_on_another_node_is_listed_as_an_alternative() -> None:
             why="scored 0.50 against the verdict's 1.00",
         )
     ]
+
+
+@pytest.mark.parametrize("kind", ["healthy", "network"])
+def test_replay_is_bounded_by_the_records_not_by_the_span(ring: Ring, kind: str) -> None:
+    """Issue 15 item 3: one record far from the others (80 days: inside what ingest accepts)
+    asked for a tick per second of the span (7e6 ticks, a list of 1.8e9 at ``ts = 1``). The
+    replay skips the gap without data and the verdict stays the same."""
+    far = 80 * 86_400 * S
+    b = tables.BundleBuilder(ring.build(kind).job)
+    for rec in ring.build(kind).iter_records():
+        b.add_record(rec)
+    b.add_hw(rank=0, ts=ring.end + far, node="n0", device="gpu0", metric="power_w", value=1.0)
+    d = engine.diagnose(b.build())
+    if kind == "healthy":
+        assert not d.anomaly
+        ticks = int(d.evidence[0].split(" ticks of ")[0].rsplit(" ", 1)[1])
+        settings = engine.AnalysisSettings()
+        assert ticks < 2 * settings.idle_replay_s / settings.tick_s + 100
+    else:
+        assert (d.category, d.culprits[0].rank) == ("hang.network", 2)
