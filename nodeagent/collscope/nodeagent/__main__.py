@@ -25,18 +25,23 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 
-from collscope.nodeagent import agent, errors, settings
+from collscope.nodeagent import agent, errors, hardware, settings
 
 log = logging.getLogger("collscope.nodeagent")
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([smh])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+# Builds the hardware sampler a ``run`` agent uses from its settings (``main(hardware=...)``):
+# the node's by default, simulated GPUs and HCAs for the one-box (``onebox/hardware.py``).
+HardwareFactory = Callable[[settings.Settings], hardware.Sampler]
+
+
+def main(argv: Sequence[str] | None = None, *, hardware: HardwareFactory | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "export":
@@ -45,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(
             level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-        return _run(args, config)
+        return _run(args, config, hardware or agent.default_hardware)
     except (errors.CollscopeError, httpx.HTTPError, OSError) as e:
         print(f"collscope-agent: {e}", file=sys.stderr)
         return 1
@@ -118,8 +123,10 @@ def _positive(flag: str, f: dict[str, object]) -> float:
     return float(value)
 
 
-def _run(args: argparse.Namespace, config: settings.Settings) -> int:
-    hw = None if getattr(args, "no_hardware", False) else agent.default_hardware(config)
+def _run(
+    args: argparse.Namespace, config: settings.Settings, make_hardware: HardwareFactory
+) -> int:
+    hw = None if getattr(args, "no_hardware", False) else make_hardware(config)
     a = agent.Agent(
         config,
         hardware_sampler=hw,
