@@ -3,13 +3,17 @@
 ::
 
     collscope-agent [run] [--discovery directory --trace-root DIR] [--port 9464] ...
-    collscope-agent export [--agent http://127.0.0.1:9464] [--since T] [--until T] OUT.tar.gz
+                    [--auth kubernetes|none] [--tls-cert-file F --tls-key-file F]
+    collscope-agent export [--agent http://127.0.0.1:9464] [--since T] [--until T]
+                           [--token-file F] [--cacert F] OUT.tar.gz
 
 ``run`` reads ``Settings.from_env(os.environ)`` (variables in ``settings.py``); flags override
-them. ``export`` asks a *running* agent over HTTP (``GET /v1/export``) for a bundle-v1 of its
-window: only a running agent holds the window (rings keep completions, not past live state),
-so that is the one way to get the evidence it sampled. Times ``T``: ns since the epoch, ``now``,
-or relative, ``--since=-60s`` / ``--since=-5m`` (with ``=``: a bare ``-60s`` reads as a flag).
+them. Authentication (``kubernetes``, the default) needs a certificate; ``--auth none`` serves
+anyone, for a demo on one machine. ``export`` asks a *running* agent over HTTP
+(``GET /v1/export``) for a bundle-v1 of its window: only a running agent holds the window (rings
+keep completions, not past live state), so that is the one way to get the evidence it sampled.
+Times ``T``: ns since the epoch, ``now``, or relative, ``--since=-60s`` / ``--since=-5m`` (with
+``=``: a bare ``-60s`` reads as a flag).
 Exit status: 0 ok, 1 runtime error, 2 bad usage.
 """
 
@@ -22,6 +26,7 @@ import os
 import pathlib
 import re
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -67,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--since", default=None, help="ns, 'now' or '-60s' (default: all held)")
     ex.add_argument("--until", default=None, help="ns, 'now' or '-10s' (default: now)")
     ex.add_argument("--timeout-s", type=float, default=60.0)
+    ex.add_argument("--token-file", default=None, help="a bearer token to present (file)")
+    ex.add_argument("--cacert", default=None, help="CA bundle verifying an https agent")
     ex.add_argument("out", type=pathlib.Path, help="the .tar.gz to write")
     return p
 
@@ -83,6 +90,9 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-cap-bytes", type=int, default=argparse.SUPPRESS)
     p.add_argument("--node-name", default=argparse.SUPPRESS)
     p.add_argument("--no-hardware", action="store_true", default=argparse.SUPPRESS)
+    p.add_argument("--auth", choices=["kubernetes", "none"], default=argparse.SUPPRESS)
+    p.add_argument("--tls-cert-file", default=argparse.SUPPRESS)
+    p.add_argument("--tls-key-file", default=argparse.SUPPRESS)
 
 
 def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Settings:
@@ -111,8 +121,23 @@ def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Setting
         s.server,
         **{n: f[k] for k, n in (("host", "listen_host"), ("port", "listen_port")) if k in f},
     )
+    tls = dataclasses.replace(
+        s.tls, **{k.removeprefix("tls_"): f[k] for k in ("tls_cert_file", "tls_key_file") if k in f}
+    )
+    auth = dataclasses.replace(s.auth, mode=f["auth"]) if "auth" in f else s.auth
     node = f.get("node_name", s.node_name)
-    return dataclasses.replace(s, node_name=node, discovery=d, sampling=smp, window=win, server=srv)
+    return settings.check(
+        dataclasses.replace(
+            s,
+            node_name=node,
+            discovery=d,
+            sampling=smp,
+            window=win,
+            server=srv,
+            tls=tls,
+            auth=auth,
+        )
+    )
 
 
 def _positive(flag: str, f: dict[str, object]) -> float:
@@ -138,13 +163,20 @@ def _run(
         signal.signal(sig, lambda *_: done.set())
     a.start()
     host, port = a.server.address
+    if config.auth.mode == "none":
+        log.warning("authentication is off (--auth none): anyone who reaches the port may call it")
     where = (
         config.discovery.kubelet_pods_dir
         if config.discovery.mode == "kubelet"
         else config.discovery.trace_root
     )
     log.info(
-        "serving on http://%s:%d, %s discovery under %s", host, port, config.discovery.mode, where
+        "serving on %s://%s:%d, %s discovery under %s",
+        a.server.scheme,
+        host,
+        port,
+        config.discovery.mode,
+        where,
     )
     done.wait()
     a.stop()
@@ -177,7 +209,13 @@ def _export(args: argparse.Namespace) -> int:
         if v is not None
     }
     url = args.agent.rstrip("/") + "/v1/export"
-    r = httpx.get(url, params=params, timeout=args.timeout_s)
+    headers = {}
+    if args.token_file:
+        headers["Authorization"] = "Bearer " + pathlib.Path(args.token_file).read_text().strip()
+    verify: ssl.SSLContext | bool = True
+    if args.cacert:
+        verify = ssl.create_default_context(cafile=args.cacert)
+    r = httpx.get(url, params=params, headers=headers, timeout=args.timeout_s, verify=verify)
     if r.status_code != 200:
         print(f"collscope-agent: {url}: HTTP {r.status_code}: {r.text}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import pydantic
 
 from collscope.nodeagent import (
+    auth,
     discovery,
     flightrecorder,
     frdump,
@@ -58,6 +59,7 @@ class Agent:
         proc_root: pathlib.Path | None = pathlib.Path("/proc"),
         clock_ns: Callable[[], int] = time.time_ns,
         devices: service.Devices | None = None,
+        reviewer: auth.Reviewer | None = None,
     ) -> None:
         self.config = config
         self.window = window.Window(
@@ -95,12 +97,8 @@ class Agent:
         # Live while the loop ticked within 20 periods (and at least 5 s: a GC pause or a
         # slow disk must not get the pod restarted).
         live_s = max(5.0, 20 * config.sampling.sample_interval_s)
-        self.server = server.Server(
-            self.service,
-            config.server.listen_host,
-            config.server.listen_port,
-            live_max_age_s=live_s,
-        )
+        # reviewer None with config.auth.mode "kubernetes": the in-cluster TokenReview/SAR one.
+        self.server = server.Server(self.service, config, reviewer=reviewer, live_max_age_s=live_s)
 
     def _pods(self) -> set[str]:
         """The uids of the pods holding a ring the agent follows."""

@@ -22,7 +22,9 @@ Hierarchy::
     └── AgentError                      the node agent process
         ├── SettingsError(ValueError)   a bad environment variable or flag, named
         ├── QueryError(ValueError)      a bad HTTP query parameter, named (HTTP 400)
-        └── UnavailableError            a capability the agent runs without (HTTP 503)
+        ├── UnavailableError            a capability the agent runs without (HTTP 503)
+        └── ReviewUnavailable           the API server did not review a caller's token
+                                        (auth.py; HTTP 503, not a refusal)
 
 Foreign exceptions (``OSError``, ``json.JSONDecodeError``, pydantic's ``ValidationError``,
 ``tarfile`` and ``gzip`` errors) are translated where they are caught, always ``from`` the
@@ -130,6 +132,11 @@ class QueryError(AgentError, ValueError):
 
 class UnavailableError(AgentError):
     """A capability (hardware counters, stacks, Flight Recorder) this agent does not have."""
+
+
+class ReviewUnavailable(AgentError):  # noqa: N818 - a state, like UnavailableError
+    """No TokenReview or SubjectAccessReview answer (API server down, our own token missing):
+    the request is answered 503, never allowed."""
 
 
 class HardwareError(CollscopeError):

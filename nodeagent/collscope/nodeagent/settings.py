@@ -13,8 +13,21 @@ line flags then override single fields with ``dataclasses.replace``. A bad value
     COLLSCOPE_STALE_AFTER_S        2.0
     COLLSCOPE_WINDOW_S             120
     COLLSCOPE_MEMORY_CAP_BYTES     268435456
-    COLLSCOPE_LISTEN_HOST          0.0.0.0
+    COLLSCOPE_LISTEN_HOST          0.0.0.0 (the chart: the node's address, status.hostIP)
     COLLSCOPE_LISTEN_PORT          9464
+    COLLSCOPE_MAX_CONNECTIONS      1024
+    COLLSCOPE_MAX_CONNECTIONS_PER_PEER 128
+    COLLSCOPE_TLS_CERT_FILE        (empty: plain HTTP; needs COLLSCOPE_AUTH=none)
+    COLLSCOPE_TLS_KEY_FILE         (with the certificate)
+    COLLSCOPE_AUTH                 kubernetes | none
+    COLLSCOPE_API_SERVER           https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT
+    COLLSCOPE_AUTH_TOKEN_FILE      /var/run/secrets/kubernetes.io/serviceaccount/token
+    COLLSCOPE_AUTH_CA_FILE         /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+    COLLSCOPE_AUTH_AUDIENCES       (empty: the API server's; comma-separated)
+    COLLSCOPE_AUTH_CACHE_TTL_S     60
+    COLLSCOPE_AUTH_DENIED_TTL_S    10
+    COLLSCOPE_EXPENSIVE_BURST      10
+    COLLSCOPE_EXPENSIVE_PER_MINUTE 20
     COLLSCOPE_HW_INTERVAL_S        1.0
     COLLSCOPE_SYS_ROOT             /sys
     COLLSCOPE_PYSPY                py-spy
@@ -33,6 +46,8 @@ from typing import Literal, TypeVar, cast
 from collscope.nodeagent import errors
 
 DiscoveryMode = Literal["kubelet", "directory"]
+AuthMode = Literal["kubernetes", "none"]
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 _T = TypeVar("_T")
 
 
@@ -75,10 +90,76 @@ class WindowSettings:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerSettings:
-    """The HTTP API."""
+    """The HTTP API (server.py) and what bounds it."""
 
-    listen_host: str = "0.0.0.0"  # a DaemonSet pod's IP; the operator pulls from it
+    # The chart binds the node's own address (status.hostIP: the agent uses hostNetwork),
+    # not every interface of the node.
+    listen_host: str = "0.0.0.0"
     listen_port: int = 9464  # an unassigned port in Prometheus' exporter range
+    # Connections held at once, and from one peer address: a slow or idle client holds one
+    # until idle_timeout_s; the operator's pulls (one connection per node, kept alive) need
+    # few. 128 per peer leaves room for an operator with that many TrainingJobs pulling at
+    # once; a tenant pod that opens more is refused with 503, not queued.
+    max_connections: int = 1024
+    max_connections_per_peer: int = 128
+    # The kernel's accept queue (listen backlog): the stdlib server's 5 made the sixth
+    # concurrent client wait a SYN retransmit (1 s, the operator's agent timeout).
+    backlog: int = 1024
+    # A connection with no complete request for this long is closed: a client that sends its
+    # headers slowly (slowloris) or nothing, and a kept-alive one gone quiet. Above the
+    # operator's 1 s pull interval, so its kept-alive connection is reused.
+    idle_timeout_s: float = 10.0
+    # A body (stacks, Flight Recorder requests: well under 1 KB) that does not arrive within
+    # this, e.g. a Content-Length larger than what is sent: 408.
+    body_timeout_s: float = 10.0
+    # Each write of a response to a client that does not read: the connection is dropped.
+    send_timeout_s: float = 30.0
+    # Request limits: a body above max_body_bytes is not a stacks/Flight Recorder request
+    # (413); aiohttp refuses a request line or header field above max_field_bytes and more
+    # than max_headers headers (400).
+    max_body_bytes: int = 64 << 10
+    max_field_bytes: int = 8190
+    max_headers: int = 64
+    # Threads for blocking work, off the event loop: quick reads (summaries, window, metrics)
+    # and slow ones (py-spy, Flight Recorder, export) in separate pools, so a burst of slow
+    # requests never delays the operator's 1 s pulls.
+    quick_workers: int = 4
+    slow_workers: int = 4
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TLSSettings:
+    """HTTPS. The chart mounts a certificate (cert-manager or chart-generated CA)."""
+
+    cert_file: str = ""  # PEM chain; empty: plain HTTP (one-box demo, tests)
+    key_file: str = ""
+    # The files are checked this often and loaded again when they changed (cert-manager and
+    # the kubelet replace a Secret's files on renewal): no restart.
+    reload_interval_s: float = 10.0
+    # A TLS handshake not done in this long is dropped (asyncio's default is 60 s).
+    handshake_timeout_s: float = 10.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuthSettings:
+    """Who may call the API (auth.py): TokenReview + SubjectAccessReview, as kube-rbac-proxy."""
+
+    # kubernetes: every route but /livez and /readyz needs a bearer token that RBAC allows;
+    # none: anyone on the network may call it (one-box demo and tests on loopback only).
+    mode: AuthMode = "kubernetes"
+    api_server: str = ""  # from KUBERNETES_SERVICE_HOST/PORT in from_env
+    token_file: str = f"{SA_DIR}/token"  # the agent's own token, re-read on rotation
+    ca_file: str = f"{SA_DIR}/ca.crt"  # verifies the API server
+    audiences: tuple[str, ...] = ()  # empty: tokens for the API server itself
+    # 60 s: a node's agent sees the operator's token every second; this makes it one
+    # TokenReview and one SAR a minute per agent (4/s for 128 agents), and a revoked binding
+    # still takes effect within a minute. Refusals are kept less, so a fix is seen soon.
+    cache_ttl_s: float = 60.0
+    denied_ttl_s: float = 10.0
+    # py-spy (pauses the target) and Flight Recorder dumps per caller: the operator asks once
+    # per node per Diagnosis; a burst of 10 covers several jobs on one node diagnosed at once.
+    expensive_burst: int = 10
+    expensive_per_minute: float = 20.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,11 +181,17 @@ class Settings:
     sampling: SamplingSettings = SamplingSettings()
     window: WindowSettings = WindowSettings()
     server: ServerSettings = ServerSettings()
+    tls: TLSSettings = TLSSettings()
+    auth: AuthSettings = AuthSettings()
     hardware: HardwareSettings = HardwareSettings()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Settings from ``env`` (pass ``os.environ``); unset variables keep their default."""
+        """Settings from ``env`` (pass ``os.environ``); unset variables keep their default.
+
+        Authentication without TLS is refused: bearer tokens must not cross the network in
+        clear text (``COLLSCOPE_AUTH=none`` for a plain-HTTP demo on one machine).
+        """
         d, s, w, v, h = (
             DiscoverySettings(),
             SamplingSettings(),
@@ -112,6 +199,7 @@ class Settings:
             ServerSettings(),
             HardwareSettings(),
         )
+        t, a = TLSSettings(), AuthSettings()
 
         def get(name: str, parse: Callable[[str, str], _T], default: _T) -> _T:
             raw = env.get(name)
@@ -138,6 +226,27 @@ class Settings:
             server=ServerSettings(
                 listen_host=get("COLLSCOPE_LISTEN_HOST", _text, v.listen_host),
                 listen_port=get("COLLSCOPE_LISTEN_PORT", _port, v.listen_port),
+                max_connections=get("COLLSCOPE_MAX_CONNECTIONS", _count, v.max_connections),
+                max_connections_per_peer=get(
+                    "COLLSCOPE_MAX_CONNECTIONS_PER_PEER", _count, v.max_connections_per_peer
+                ),
+            ),
+            tls=TLSSettings(
+                cert_file=get("COLLSCOPE_TLS_CERT_FILE", _text, t.cert_file),
+                key_file=get("COLLSCOPE_TLS_KEY_FILE", _text, t.key_file),
+            ),
+            auth=AuthSettings(
+                mode=get("COLLSCOPE_AUTH", _auth, a.mode),
+                api_server=get("COLLSCOPE_API_SERVER", _text, _api_server(env)),
+                token_file=get("COLLSCOPE_AUTH_TOKEN_FILE", _text, a.token_file),
+                ca_file=get("COLLSCOPE_AUTH_CA_FILE", _text, a.ca_file),
+                audiences=get("COLLSCOPE_AUTH_AUDIENCES", _csv, a.audiences),
+                cache_ttl_s=get("COLLSCOPE_AUTH_CACHE_TTL_S", _seconds, a.cache_ttl_s),
+                denied_ttl_s=get("COLLSCOPE_AUTH_DENIED_TTL_S", _seconds, a.denied_ttl_s),
+                expensive_burst=get("COLLSCOPE_EXPENSIVE_BURST", _count, a.expensive_burst),
+                expensive_per_minute=get(
+                    "COLLSCOPE_EXPENSIVE_PER_MINUTE", _seconds, a.expensive_per_minute
+                ),
             ),
             hardware=HardwareSettings(
                 hw_interval_s=get("COLLSCOPE_HW_INTERVAL_S", _seconds, h.hw_interval_s),
@@ -147,8 +256,53 @@ class Settings:
         )
 
 
+def check(config: Settings) -> Settings:
+    """``config`` if its TLS and authentication settings fit together, else ``SettingsError``."""
+    tls = config.tls
+    if bool(tls.cert_file) != bool(tls.key_file):
+        raise errors.SettingsError(
+            "COLLSCOPE_TLS_KEY_FILE", tls.key_file, "give both a certificate and its key, or none"
+        )
+    if config.auth.mode == "kubernetes" and not tls.cert_file:
+        raise errors.SettingsError(
+            "COLLSCOPE_TLS_CERT_FILE",
+            "",
+            "authentication needs TLS (bearer tokens in clear text); set COLLSCOPE_AUTH=none "
+            "(--auth none) for a plain-HTTP agent on a trusted network",
+        )
+    return config
+
+
+def _api_server(env: Mapping[str, str]) -> str:
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host:
+        return ""
+    host = f"[{host}]" if ":" in host else host  # an IPv6 service address
+    return f"https://{host}:{port or 443}"
+
+
 def _text(name: str, raw: str) -> str:
     return raw
+
+
+def _csv(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+def _auth(name: str, raw: str) -> AuthMode:
+    if raw not in ("kubernetes", "none"):
+        raise errors.SettingsError(name, raw, "must be 'kubernetes' or 'none'")
+    return cast(AuthMode, raw)
+
+
+def _count(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise errors.SettingsError(name, raw, "must be a whole number") from e
+    if value < 1:
+        raise errors.SettingsError(name, raw, "must be at least 1")
+    return value
 
 
 def _level(name: str, raw: str) -> str:

@@ -18,7 +18,7 @@ from collscope.nodeagent import api
 def test_agent_process_serves_and_stops_on_sigterm(tmp_path: pathlib.Path) -> None:
     env = dict(os.environ, NODE_NAME="node-a", COLLSCOPE_LISTEN_HOST="127.0.0.1")
     cmd = [sys.executable, "-m", "collscope.nodeagent", "run", "--discovery", "directory",
-           "--trace-root", str(tmp_path), "--port", "0"]  # fmt: skip
+           "--trace-root", str(tmp_path), "--port", "0", "--auth", "none"]  # fmt: skip
     log = tmp_path / "agent.log"  # a file, not a pipe: a chatty agent never blocks on it
     with log.open("w") as err, subprocess.Popen(cmd, env=env, stderr=err) as p:
         try:

@@ -52,10 +52,12 @@ def test_a_bad_variable_is_named(name: str, value: str) -> None:
 
 
 def test_flags_override_the_environment() -> None:
-    args = cli._parser().parse_args(["run", "--discovery", "directory", "--port", "0"])
+    args = cli._parser().parse_args(
+        ["run", "--discovery", "directory", "--port", "0", "--auth", "none"]
+    )
     s = cli.configure(args, {"COLLSCOPE_DISCOVERY": "kubelet", "COLLSCOPE_LISTEN_PORT": "9"})
     assert s.discovery.mode == "directory" and s.server.listen_port == 0
-    args = cli._parser().parse_args(["--window-s", "10"])
+    args = cli._parser().parse_args(["--window-s", "10", "--auth", "none"])
     assert cli.configure(args, {}).window.window_s == 10.0
 
 
@@ -66,3 +68,37 @@ def test_export_times() -> None:
     assert cli.parse_time("123", 0) == 123
     with pytest.raises(errors.SettingsError):
         cli.parse_time("yesterday", 0)
+
+
+def test_authentication_is_on_by_default_and_needs_tls() -> None:
+    s = settings.Settings.from_env({"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert s.auth.mode == "kubernetes" and s.auth.api_server == "https://10.0.0.1:443"
+    assert s.auth.token_file.endswith("/serviceaccount/token") and s.tls.cert_file == ""
+    with pytest.raises(errors.SettingsError, match="COLLSCOPE_TLS_CERT_FILE"):
+        settings.check(s)
+    with pytest.raises(errors.SettingsError, match="COLLSCOPE_TLS_CERT_FILE"):
+        cli.configure(cli._parser().parse_args(["run"]), {})
+    tls = {"COLLSCOPE_TLS_CERT_FILE": "/c.crt", "COLLSCOPE_TLS_KEY_FILE": "/c.key"}
+    assert settings.check(settings.Settings.from_env(tls)).tls.key_file == "/c.key"
+    with pytest.raises(errors.SettingsError, match="COLLSCOPE_TLS_KEY_FILE"):
+        settings.check(settings.Settings.from_env({"COLLSCOPE_TLS_CERT_FILE": "/c.crt"}))
+    plain = cli.configure(cli._parser().parse_args(["run", "--auth", "none"]), {})
+    assert plain.auth.mode == "none"
+
+
+def test_auth_variables() -> None:
+    s = settings.Settings.from_env(
+        {
+            "KUBERNETES_SERVICE_HOST": "fd00::1",
+            "KUBERNETES_SERVICE_PORT": "6443",
+            "COLLSCOPE_AUTH_AUDIENCES": "collscope-agent, other",
+            "COLLSCOPE_AUTH_CACHE_TTL_S": "30",
+            "COLLSCOPE_EXPENSIVE_BURST": "3",
+            "COLLSCOPE_MAX_CONNECTIONS_PER_PEER": "16",
+        }
+    )
+    assert s.auth.api_server == "https://[fd00::1]:6443"
+    assert s.auth.audiences == ("collscope-agent", "other") and s.auth.cache_ttl_s == 30.0
+    assert s.auth.expensive_burst == 3 and s.server.max_connections_per_peer == 16
+    with pytest.raises(errors.SettingsError, match="COLLSCOPE_AUTH"):
+        settings.Settings.from_env({"COLLSCOPE_AUTH": "off"})

@@ -55,6 +55,7 @@ def agent_config(trace: pathlib.Path, node: str) -> agent_settings.Settings:
         sampling=agent_settings.SamplingSettings(sample_interval_s=0.05),
         window=agent_settings.WindowSettings(window_s=30, memory_cap_bytes=16 << 20),
         server=agent_settings.ServerSettings(listen_host="127.0.0.1", listen_port=0),
+        auth=agent_settings.AuthSettings(mode="none"),  # plain HTTP on loopback
     )
 
 
