@@ -168,7 +168,15 @@ def test_peers_learnt_later_are_used(tmp_path: pathlib.Path, builder: Any) -> No
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("func", 13), ("func", 200), ("bytes", 2**63), ("seq", 2**64 - 1)]
+    ("field", "value"),
+    [
+        ("func", 13),
+        ("func", 200),
+        ("bytes", 2**63),
+        ("seq", 2**64 - 1),
+        ("start_ns", 1),  # before the plugin's init: outside the ring's plausible span
+        ("start_ns", 2**62),  # far past the reader's clock
+    ],
 )
 def test_untorn_op_out_of_domain_is_corrupt(
     tmp_path: pathlib.Path, scenario: Any, field: str, value: int
@@ -177,3 +185,22 @@ def test_untorn_op_out_of_domain_is_corrupt(
     path = scenario.write(tmp_path / "r.ring")
     with pytest.raises(errors.RingCorrupt, match="comm slot 0 op 2"):
         fast(path, 3, {})
+
+
+def test_untorn_flow_progress_out_of_the_span_is_corrupt(
+    tmp_path: pathlib.Path, scenario: Any
+) -> None:
+    scenario.flow(slot=0, serial=1, last_progress_ns=1)
+    path = scenario.write(tmp_path / "r.ring")
+    with pytest.raises(errors.RingCorrupt, match="flow 0"):
+        fast(path, 3, {})
+
+
+def test_comm_records_refuse_an_init_time_out_of_the_span(
+    tmp_path: pathlib.Path, scenario: Any
+) -> None:
+    scenario.comm(slot=0, init_ns=1)
+    path = scenario.write(tmp_path / "r.ring")
+    with ring.open(path) as r, pytest.raises(errors.RingCorrupt, match="init_ns"):
+        _, copies, _ = r.live_copies()
+        livestate.comm_records(str(path), 3, copies)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -266,6 +267,17 @@ def test_events_since_delivers_in_write_order(scenario: Builder, tmp_path: pathl
         assert r.events_since(2)[0] == [b]
 
 
+def test_records_read_in_chunks_are_the_same(
+    scenario: Builder, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records are copied ``ringevents.CHUNK`` at a time (bounded copies of a 256 MiB ring)."""
+    with open_ring(scenario, tmp_path) as r:
+        whole = r.events_since(0)
+    monkeypatch.setattr(ringevents, "CHUNK", 1)
+    with open_ring(scenario, tmp_path) as r:
+        assert r.events_since(0) == whole
+
+
 def test_point_to_point_record_carries_its_peer(builder: Builder, tmp_path: pathlib.Path) -> None:
     builder.event(0, func=6, flags=ringlayout.OPF_P2P, peer=3, comm_slot=ringlayout.NO_SLOT)
     builder.event(1, func=1, peer=3)  # a collective's peer field is not a peer
@@ -354,6 +366,63 @@ def test_closed_ring_refuses_reads_and_close_is_idempotent(
 def test_missing_file_is_oserror(tmp_path: pathlib.Path) -> None:
     with pytest.raises(FileNotFoundError):
         ring.open(tmp_path / "nope.ring")
+
+
+def test_only_a_regular_file_is_opened(scenario: Builder, tmp_path: pathlib.Path) -> None:
+    """The file is the tenant's: no symlink followed, a FIFO refused without blocking, a
+    file larger than the plugin ever writes refused (issue 15 item 2)."""
+    target = scenario.write(tmp_path / "target.ring")
+    (tmp_path / "link.ring").symlink_to(target)
+    with pytest.raises(errors.RingCorrupt, match="is a symbolic link"):
+        ring.open(tmp_path / "link.ring")
+    os.mkfifo(tmp_path / "fifo.ring")
+    with pytest.raises(errors.RingCorrupt, match=r"is not a regular file \(mode p"):
+        ring.open(tmp_path / "fifo.ring")
+    (tmp_path / "dir.ring").mkdir()
+    with pytest.raises(errors.RingCorrupt, match="is not a regular file"):
+        ring.open(tmp_path / "dir.ring")
+    os.truncate(target, ring.MAX_FILE_BYTES + 1)  # sparse
+    with pytest.raises(errors.RingCorrupt, match="larger than a plugin writes"):
+        ring.open(target)
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value"),
+    [
+        ("op", "start_ns", 1),
+        ("op", "end_ns", NOW + 3_600_000_000_000),
+        ("comm_init", "time_ns", T0 - 61_000_000_000),
+    ],
+)
+def test_a_record_time_outside_the_rings_span_is_corrupt(
+    scenario: Builder, tmp_path: pathlib.Path, kind: str, field: str, value: int
+) -> None:
+    """Times lie between the plugin's init and the reader's clock, 60 s slack either side
+    (issue 15 item 3: one comm at ``init_ns = 1`` exhausted analysis memory)."""
+    scenario.event(3, kind, **{field: value})
+    with open_ring(scenario, tmp_path) as r:
+        with pytest.raises(errors.RingCorrupt, match="outside the ring's plausible span") as e:
+            r.events_since(0)
+        assert (e.value.region, e.value.field) == ("events", field)
+
+
+def test_live_times_outside_the_rings_span_are_corrupt(
+    scenario: Builder, tmp_path: pathlib.Path
+) -> None:
+    scenario.comm(slot=0, init_ns=1)
+    with open_ring(scenario, tmp_path) as r, pytest.raises(errors.RingCorrupt) as e:
+        r.snapshot()
+    assert (e.value.region, e.value.field) == ("comm slot 0", "init_ns")
+
+
+def test_a_plugin_init_time_before_2020_or_in_the_future_is_corrupt(
+    scenario: Builder, tmp_path: pathlib.Path
+) -> None:
+    for init in (1, NOW + 61_000_000_000):
+        scenario.header[0]["init_realtime_ns"] = init
+        with pytest.raises(errors.RingCorrupt, match="plugin init time") as e:
+            open_ring(scenario, tmp_path)
+        assert e.value.field == "init_realtime_ns"
 
 
 # --- corruption: each check names file, region, offset and field --------------------------
