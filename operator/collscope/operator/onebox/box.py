@@ -5,7 +5,12 @@ where every rank's pod has its ring volume
 (``<uid>/volumes/kubernetes.io~empty-dir/collscope-trace/``, DESIGN.md §3), and a real node
 agent (``python -m collscope.nodeagent --discovery kubelet ... run``) listening on the node's
 own loopback address ``127.0.0.<i + 2>`` (all on one port, as a DaemonSet's pods would be on
-their nodes' IPs). For each rank: a process running ``rank.main`` (the real plugin, ctypes).
+their nodes' IPs), whose hardware is simulated under ``<root>/node-<i>/hw``
+(``hardware.NodeHardware``: one GPU and one HCA per rank of the node, rank r on GPU and HCA
+``r % ranks_per_node``; ``onebox.nodeagent`` runs the agent on it). From the onset, the injected
+fault's hardware side shows there (``hardware.SYMPTOMS``: a NIC's link down, an XID, clocks
+capped), unless ``hw_symptoms=False``; ``hardware=False`` runs the agents without any.
+For each rank: a process running ``rank.main`` (the real plugin, ctypes).
 The ranks share their chunk counters through one memory-mapped file (``state="mmap"``), or
 through the TCP fabric a workload on a cluster uses (``state="tcp"``: a ``fabric.Server`` in
 this process on ``127.0.0.1``, one ``fabric.Client`` per rank).
@@ -27,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from types import TracebackType
@@ -36,12 +42,16 @@ import httpx
 
 from collscope.operator import errors
 from collscope.operator.onebox import fabric, faults, nccl, rank
+from collscope.operator.onebox import hardware as hardware_
 
 RING_VOLUME: Final = "collscope-trace"
 NAMESPACE: Final = "ml"
 # A rank's ring appears at its first ncclCommInitRank; spawned processes import numpy-free
 # modules only, so 8 of them are up within a few seconds even on 2 busy cores.
 START_TIMEOUT_S: Final = 30.0
+# The agents' hardware sampling period: half the node default (1 s), so that a fault's
+# hardware sample is in the window a Diagnosis pulls ~2 s after the onset.
+HW_INTERVAL_S: Final = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +138,8 @@ class OneBox:
         seed: int = 0,
         agent_sample_interval_s: float = 0.1,
         state: Literal["mmap", "tcp"] = "mmap",
+        hardware: bool = True,
+        hw_symptoms: bool = True,
     ) -> None:
         self.layout, self.root, self.plugin = layout, root, plugin
         self.timing, self.seed = timing or rank.Timing(), seed
@@ -150,6 +162,14 @@ class OneBox:
         self.ranks: dict[int, subprocess.Popen[bytes]] = {}
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.injection: faults.Injection | None = None
+        self.hw: dict[str, hardware_.NodeHardware] = {}
+        if hardware:
+            for node in layout.node_names():
+                self.hw[node] = hardware_.NodeHardware.build(
+                    root / node / "hw", layout.ranks_per_node, seed=seed
+                )
+        self.hw_symptoms = hw_symptoms
+        self._timers: list[threading.Timer] = []
 
     # -- layout on disk ------------------------------------------------------------------
     def pods_dir(self, node: str) -> pathlib.Path:
@@ -185,8 +205,23 @@ class OneBox:
         self.wait_ready()
 
     def arm(self, onset_s: float) -> None:
-        """The injected fault (if any) acts from wall time ``onset_s`` on."""
+        """The injected fault (if any) acts from wall time ``onset_s`` on, in the ranks and,
+        unless ``hw_symptoms`` is off, in its culprits' simulated hardware."""
         self.shared.arm(int(onset_s * 1e9))
+        inj = self.injection
+        if inj is None or not self.hw_symptoms or not self.hw:
+            return
+        timer = threading.Timer(max(0.0, onset_s - time.time()), self.show_fault, (inj,))
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def show_fault(self, inj: faults.Injection) -> None:
+        """The hardware side of ``inj`` on each culprit rank's GPU and HCA (now)."""
+        for r in inj.ranks:
+            node = self.hw.get(self.layout.node_of(r))
+            if node is not None:
+                node.apply(inj.kind, r % self.layout.ranks_per_node)
 
     def start_rank(self, spec: rank.RankSpec) -> None:
         log = (self.root / f"rank-{spec.rank}.log").open("ab")
@@ -194,18 +229,29 @@ class OneBox:
                self.state_arg]  # fmt: skip
         self.ranks[spec.rank] = subprocess.Popen(cmd, stdout=log, stderr=log)
         log.close()
+        node = self.hw.get(spec.node)
+        if node is not None:  # NVML lists the process on its GPU, as a CUDA context would
+            node.set_pids(spec.local_rank, [self.ranks[spec.rank].pid])
 
     def start_agent(self, node: str) -> None:
         log = (self.root / f"agent-{node}.log").open("ab")
+        hw = self.hw.get(node)
+        entry = ["collscope.nodeagent"] if hw is None else [
+            "collscope.operator.onebox.nodeagent", "--hw-root", str(hw.root)
+        ]  # fmt: skip
         cmd = [
-            sys.executable, "-m", "collscope.nodeagent",
+            sys.executable, "-m", *entry,
             "--discovery", "kubelet", "--kubelet-pods-dir", str(self.pods_dir(node)),
             "--ring-volume", RING_VOLUME, "--host", self.layout.address_of(node),
-            "--port", str(self.port), "--node-name", node, "--no-hardware", "--auth", "none",
+            "--port", str(self.port), "--node-name", node, "--auth", "none",
+            *(["--no-hardware"] if hw is None else []),
             "--sample-interval-s", f"{self.sample_interval_s:g}", "run",
         ]  # fmt: skip
         self.pods_dir(node).mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "NODE_NAME": node}
+        if hw is not None:  # the device map reads the simulated sysfs
+            env["COLLSCOPE_SYS_ROOT"] = str(hw.sys_root)
+            env["COLLSCOPE_HW_INTERVAL_S"] = f"{HW_INTERVAL_S:g}"
         self.agents[node] = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
         log.close()
 
@@ -252,6 +298,8 @@ class OneBox:
                 time.sleep(0.2)
 
     def close(self) -> None:
+        for t in self._timers:
+            t.cancel()
         if self.fabric is not None or isinstance(self.shared, rank.Shared):
             self.shared.stop()  # (a closed fabric has nothing left to stop)
         for p in self.ranks.values():
