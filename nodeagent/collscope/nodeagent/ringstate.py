@@ -346,10 +346,12 @@ def seqlock_copy(
         c = read(lo, int(sel[-1]) + 1)
     else:
         lo, b, c = 0, a, a
-    head = b.raw[sel - lo, :_FLOWS]  # one gather: identity, counters, op slots
-    flows = b.flows[frow - lo, fc]  # (k, 64)
-    after = c.u32[(sel - lo)[:, None], _SEQ_COLS]
-    f2 = c.flow_seq[frow - lo, fc]
+    # rows of b and c (the first live slot is slot 0 but for a job that freed some)
+    brow, bfrow = (sel, frow) if lo == 0 else (sel - lo, frow - lo)
+    head = b.raw[brow, :_FLOWS]  # one gather: identity, counters, op slots
+    flows = b.flows[bfrow, fc]  # (k, 64)
+    after = c.u32[brow[:, None], _SEQ_COLS]
+    f2 = c.flow_seq[bfrow, fc]
     if _held(before, after) and _held(f1, f2):  # the usual case: nothing was being written
         need, fneed, attempt = _CLEAN_HEADS[: len(sel)], _CLEAN_FLOWS[: len(fr)], 1
     else:
