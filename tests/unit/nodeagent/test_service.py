@@ -4,6 +4,7 @@ HCA beside each GPU."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import time
@@ -14,10 +15,11 @@ import pytest
 
 from collscope.nodeagent import discovery, service, settings, window
 from collscope.nodeagent import sampler as ringsampler
-from collscope.nodeagent.bundle import columnar, models, reader, tables
+from collscope.nodeagent.bundle import columnar, models, tables
 from collscope.nodeagent.hardware import devicemap, sampler, source
 
 NODE = "gpu-node-1"
+T0 = 1_732_001_234_000_000_000  # the rings' init time (tests/unit/nodeagent/conftest.py)
 BUS = {0: "0000:03:00.0", 1: "0000:07:00.0"}
 NICS = {"mlx5_0": "0000:04:00.0", "mlx5_1": "0000:08:00.0"}
 SWITCH = {0: ("pci0000:00", "0000:00:01.0"), 1: ("pci0000:00", "0000:00:02.0")}
@@ -66,7 +68,8 @@ def svc(tmp_path: pathlib.Path, scenario: Any) -> Iterator[service.Service]:
         h["pid"], h["rank"], h["local_rank"], h["world_size"] = os.getpid(), rank, rank, 4
         h["node_name"] = NODE.encode()
         scenario.write(trace / f"rank-{rank}.ring")
-    hw = sampler.Sampler([NvmlView()], node=NODE, history_s=30)
+    # Samples at the rings' time (conftest's T0), as a bundle's records must be close in time.
+    hw = sampler.Sampler([NvmlView()], node=NODE, history_s=30, clock_ns=lambda: T0 + 10**9)
     hw.sample_once()
     config = settings.Settings(
         node_name=NODE,
@@ -110,14 +113,14 @@ def hw_rows(b: tables.Bundle) -> set[tuple[int, str, str]]:
 
 def test_window_carries_the_ranks_devices_with_their_rank(svc: service.Service) -> None:
     now = time.time_ns()
-    lines = b"".join(s.encode() for s in svc.window_lines([1], 0, now))
-    by_lines = reader.load_lines(models.Job(world_size=4), [("test", lines.splitlines())])
+    # GPU 1 and mlx5_1 are rank 1's (it is asked alone); GPU 0 and mlx5_0 no rank's.
+    want = {(1, "gpu1", "clocks_event_reasons"), (1, "mlx5_1/1", "nic_link_up")}
+    lines = [json.loads(x) for b in svc.window_lines([1], 0, now) for x in b.splitlines()]
+    assert {(x["rank"], x["device"], x["metric"]) for x in lines if x["type"] == "hw"} == want
     part = columnar.decode(svc.window_columns([1], 0, now), where="test")
-    by_columns = tables.BundleBuilder(models.Job(world_size=4), source="test")
-    by_columns.add_tables(part)
-    for b in (by_lines, by_columns.build()):
-        # GPU 1 and mlx5_1 are rank 1's (it is asked alone); GPU 0 and mlx5_0 no rank's.
-        assert hw_rows(b) == {(1, "gpu1", "clocks_event_reasons"), (1, "mlx5_1/1", "nic_link_up")}
+    strings = part.strings
+    got = {(int(r["rank"]), strings[r["device"]], strings[r["metric"]]) for r in part.hw}
+    assert got == want
     # Both ranks asked: the lowest user's rank. All ranks (the export): every device.
     assert {r for r, _, _ in hw_rows(svc.bundle([0, 1], 0, now))} == {0}
     everything = hw_rows(svc.bundle(None, 0, now))
