@@ -25,6 +25,11 @@ Phase = Literal["Detected", "Analyzing", "Diagnosed", "Remediated", "Failed"]
 JobPhase = Literal["Pending", "Watching", "Diagnosing", "Finished", "Failed"]
 Health = Literal["Unknown", "Healthy", "Hung", "Slow"]
 ConditionStatus = Literal["True", "False", "Unknown"]
+# ``Diagnosis.status.action`` (the ``Action`` printer column): what remediation did about the
+# culprit node, in one word. ``pending``: corroborated, waiting for the re-check.
+Action = Literal["pending", "cordoned", "dry-run", "blocked", "held", "not-confirmed", "failed",
+                 "none"]  # fmt: skip
+CONFIRMED = "Confirmed"  # the Diagnosis condition type of the confirmation step
 
 TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
     "Detected": frozenset({"Analyzing", "Failed"}),
@@ -41,6 +46,17 @@ MAX_EVIDENCE = 64  # keeps Diagnosis objects far below etcd's 1.5 MiB object lim
 def timestamp(now: datetime.datetime) -> str:
     """RFC 3339 in UTC with second precision, as Kubernetes writes times."""
     return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def precise_timestamp(now: datetime.datetime) -> str:
+    """RFC 3339 in UTC with microseconds (a re-check a fraction of a second away in tests)."""
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_timestamp(text: str) -> datetime.datetime:
+    """The inverse of ``timestamp``/``precise_timestamp``; ``ValueError`` when ``text`` is
+    not RFC 3339."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def transition(current: Phase | None, new: Phase) -> Phase:
@@ -122,7 +138,7 @@ def diagnosis_status(
             conditions,
             type_="Diagnosed",
             status="True",
-            reason=_camel(d.category) if found and d.category else "NoAnomaly",
+            reason=camel(d.category) if found and d.category else "NoAnomaly",
             message=d.evidence[0] if d.evidence else "analysis found nothing wrong",
             generation=generation,
             now=now,
@@ -167,7 +183,7 @@ def phase_status(
     )
 
 
-def _camel(category: str) -> str:
+def camel(category: str) -> str:
     """``hang.not_entered`` -> ``HangNotEntered`` (a condition reason)."""
     return "".join(p.capitalize() for p in category.replace(".", "_").split("_"))
 

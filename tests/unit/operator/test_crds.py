@@ -77,7 +77,7 @@ def test_printer_columns_are_the_issues(crds: Any) -> None:
         "Age",
     ]
     assert [n for n, _ in columns(crds, "diagnoses")] == [
-        "Job", "Trigger", "Category", "Culprit Node", "Rank", "Phase", "Age"
+        "Job", "Trigger", "Category", "Culprit Node", "Rank", "Phase", "Action", "Age"
     ]  # fmt: skip
 
 
