@@ -3,8 +3,12 @@
  * against an empty plugin built with the same flags.
  *
  *   make -C native bench
- *   (= native/build/bench/plugin_overhead COLLSCOPE_SO EMPTY_SO [quick])
+ *   (= native/build/bench/plugin_overhead COLLSCOPE_SO EMPTY_SO [quick] [chain])
  * "quick" prints the 1-thread latency table only (a few seconds; for development).
+ * "chain" loads collscope with COLLSCOPE_NEXT_PROFILER_PLUGIN=EMPTY_SO (src/chain.c): every
+ * callback then also reaches the empty plugin, which answers every event with a handle (the
+ * worst case: each event takes a link); chained minus unchained collscope is the cost of
+ * chaining, including the empty plugin's own calls.
  *
  * Plays, per iteration and in NCCL's order, one ring all-reduce on a communicator (notes §3):
  * host side Group API -> Coll API -> Group -> Coll start/stop; then per channel (8) a send and a
@@ -88,6 +92,7 @@ struct acc {
     uint64_t n[NK];
 };
 
+static const char *g_cs_label = "collscope";
 static double g_ticks_per_ns = 1.0;
 static uint64_t g_cap_ticks;
 
@@ -357,7 +362,7 @@ static void table(int threads, const double *empty, const double *cs)
 {
     printf("\n### %d thread%s%s\n\n", threads, threads > 1 ? "s" : "",
            threads > 1 ? ", each on its own communicator" : "");
-    printf("| callback | empty plugin ns | collscope ns | overhead ns |\n");
+    printf("| callback | empty plugin ns | %s ns | overhead ns |\n", g_cs_label);
     printf("|---|---:|---:|---:|\n");
     for (int k = 0; k < NK; k++) {
         printf("| %s%s%s | %.1f | %.1f | %.1f |\n", k == K_HOT ? "**" : "", KIND_NAMES[k],
@@ -396,11 +401,21 @@ static uint64_t ring_events_written(const char *dir)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "quick") == 0)) {
-        fprintf(stderr, "usage: %s COLLSCOPE_SO EMPTY_SO [quick]\n", argv[0]);
+    int quick = 0, chain = 0, bad = argc < 3;
+    for (int i = 3; i < argc; i++) {
+        quick |= strcmp(argv[i], "quick") == 0;
+        chain |= strcmp(argv[i], "chain") == 0;
+        bad |= strcmp(argv[i], "quick") != 0 && strcmp(argv[i], "chain") != 0;
+    }
+    if (bad) {
+        fprintf(stderr, "usage: %s COLLSCOPE_SO EMPTY_SO [quick] [chain]\n", argv[0]);
         return 2;
     }
-    const int quick = argc == 4;
+    if (chain) {
+        /* collscope's constructor reads it: set before collscope is loaded */
+        setenv("COLLSCOPE_NEXT_PROFILER_PLUGIN", argv[2], 1);
+        g_cs_label = "collscope + chained empty plugin";
+    }
     char dir[] = "/tmp/collscope-bench-XXXXXX";
     if (mkdtemp(dir) == NULL) {
         perror("mkdtemp");
@@ -441,7 +456,8 @@ int main(int argc, char **argv)
 
     printf("\n## Amortized cost per hot-path callback (thread CPU time of the whole proxy-side "
            "sequence of an iteration / its callbacks; no per-call timer)\n\n");
-    printf("| threads | empty plugin ns | collscope ns | overhead ns |\n|---:|---:|---:|---:|\n");
+    printf("| threads | empty plugin ns | %s ns | overhead ns |\n|---:|---:|---:|---:|\n",
+           g_cs_label);
     median_run(&empty, 1, ITERS_1T, 0, e1);
     median_run(&cs, 1, ITERS_1T, 0, c1);
     printf("| 1 | %.1f | %.1f | %.1f |\n", e1[0], c1[0], c1[0] - e1[0]);
