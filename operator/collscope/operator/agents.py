@@ -10,6 +10,14 @@ The window is asked for in the columnar wire form (``bundle.columnar``, by ``Acc
 decoded straight into numpy tables; an agent that answers JSON lines instead (one older than
 that form) is read as before, so the two mix within one pull.
 
+Security: agents serve HTTPS and authorize callers with TokenReview + SubjectAccessReview
+(``collscope.nodeagent.auth``). ``access`` (``settings.AgentSettings``) names the CA bundle that
+agents' certificates are verified against, the name they carry (one certificate serves every
+node's agent, reached by IP: the name is checked, SNI sends it), and the token file presented
+as ``Authorization: Bearer``, read again when it changes (the kubelet rotates it) and sent over
+https only. The CA file is read again when it changes too: new CAs are added to the same
+context, so a rotation never makes an agent untrusted mid-way.
+
 Retries: a connection error, a timeout or a 5xx answer is retried ``retries`` times with
 exponential backoff (``backoff_s``, doubled each time); a 4xx answer is our mistake and is not.
 This module is the one boundary where httpx and pydantic errors become
@@ -26,7 +34,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import os
 import ssl
+import threading
+import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
@@ -36,7 +47,7 @@ import pydantic
 from collscope.nodeagent import api
 from collscope.nodeagent import errors as agent_errors
 from collscope.nodeagent.bundle import columnar, models, reader, tables
-from collscope.operator import errors
+from collscope.operator import errors, settings
 
 T = TypeVar("T")
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -60,7 +71,8 @@ class Unreachable:
 
 
 class AgentClient:
-    """One node agent at ``base_url``. ``transport`` is for tests (an httpx transport)."""
+    """One node agent at ``base_url``; ``access``: TLS and token (None: the system's CAs, no
+    token). ``transport`` is for tests (an httpx transport)."""
 
     def __init__(
         self,
@@ -71,6 +83,7 @@ class AgentClient:
         retries: int = DEFAULT_RETRIES,
         backoff_s: float = DEFAULT_BACKOFF_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        access: settings.AgentSettings | None = None,
     ) -> None:
         if retries < 0 or backoff_s < 0 or timeout_s <= 0:
             raise ValueError(f"agent client {node}: bad timeout/retries/backoff")
@@ -78,8 +91,17 @@ class AgentClient:
         self.base_url = base_url.rstrip("/")
         self._retries = retries
         self._backoff_s = backoff_s
+        secure = self.base_url.startswith("https://")
+        ca = access.ca_file if access else ""
+        self._token = _token(access.token_file) if access and access.token_file and secure else None
+        self._extensions = (
+            {"sni_hostname": access.server_name} if access and access.server_name and secure else {}
+        )
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout_s, transport=transport, verify=_tls()
+            base_url=self.base_url,
+            timeout=timeout_s,
+            transport=transport,
+            verify=_trust(ca).context() if ca else _tls(),
         )
 
     async def aclose(self) -> None:
@@ -156,11 +178,20 @@ class AgentClient:
     ) -> httpx.Response:
         url = self._url(path)
         delay = self._backoff_s
+        headers = dict(headers or {})
+        token = self._token() if self._token is not None else ""
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         for attempt in range(self._retries + 1):
             last = attempt == self._retries
             try:
                 resp = await self._http.request(
-                    method, path, params=params, content=content, headers=headers
+                    method,
+                    path,
+                    params=params,
+                    content=content,
+                    headers=headers,
+                    extensions=self._extensions,
                 )
             except httpx.TransportError as e:
                 if last:
@@ -186,6 +217,84 @@ def _tls() -> ssl.SSLContext:
     client otherwise, about 25 ms each (it loads the CA bundle), which is 3 s of a blocked event
     loop for the 128 agents of a 1,024-rank job (measured by bench/operator_scale.py)."""
     return httpx.create_ssl_context()
+
+
+# The CA and token files are looked at (a stat) at most this often: they change hourly at most.
+FILE_CHECK_S: Final = 10.0
+
+
+class _Trust:
+    """A verifying TLS context over a CA file; CAs that appear in the file later are added to
+    the same context (httpx clients keep their context), none is ever removed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._ctx = ssl.create_default_context(cafile=path)
+        self._seen = _stat(path)
+        self._checked = time.monotonic()
+
+    def context(self) -> ssl.SSLContext:
+        now = time.monotonic()
+        if now - self._checked >= FILE_CHECK_S:
+            with self._lock:
+                self._checked = now
+                seen = _stat(self.path)
+                if seen != self._seen:
+                    try:
+                        self._ctx.load_verify_locations(cafile=self.path)
+                        self._seen = seen
+                    except (OSError, ssl.SSLError):
+                        pass  # caught mid-update: tried again next time
+        return self._ctx
+
+
+@functools.cache
+def _trust(path: str) -> _Trust:
+    """One context per CA file and process (a context costs ~25 ms: see ``_tls``); checked for
+    changes whenever a client is made with it."""
+    try:
+        return _Trust(path)
+    except (OSError, ssl.SSLError) as e:
+        raise errors.SettingsError(f"COLLSCOPE_AGENT_CA_FILE={path!r}: {e}") from e
+
+
+class _TokenFile:
+    """The operator's own ServiceAccount token, read again when the file changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        self._token = ""
+        self._checked = -FILE_CHECK_S
+
+    def __call__(self) -> str:
+        now = time.monotonic()
+        if now - self._checked < FILE_CHECK_S:
+            return self._token
+        self._checked = now
+        seen = _stat(self.path)
+        if seen != self._seen:
+            try:
+                with open(self.path, encoding="ascii") as f:
+                    self._token = f.read().strip()
+            except (OSError, UnicodeDecodeError):
+                self._token = ""  # no token: the agent answers 401, which names the cause
+            self._seen = seen
+        return self._token
+
+
+@functools.cache
+def _token(path: str) -> _TokenFile:
+    return _TokenFile(path)
+
+
+def _stat(path: str) -> tuple[int, int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class _JsonObject(pydantic.RootModel[dict[str, Any]]):

@@ -64,7 +64,10 @@ def _clients(
     for node, ip in pods.nodes((namespace, job)).items():
         url = memo.directory(node, ip) if node in wanted else None
         if url is not None:
-            clients[node] = agents.AgentClient(node, url, timeout_s=timeout_s, retries=0)
+            access = memo.settings.agents
+            clients[node] = agents.AgentClient(
+                node, url, timeout_s=timeout_s, retries=0, access=access
+            )
     return clients
 
 

@@ -6,9 +6,15 @@ Environment (every variable optional; the bad one is named in ``SettingsError``)
 - ``COLLSCOPE_TRIGGER_INTERVAL_S`` (1): how often the trigger loop runs per TrainingJob;
 - ``COLLSCOPE_TRIGGER_WINDOW_S`` (5): seconds of records pulled per tick from sampled ranks;
 - ``COLLSCOPE_DIAGNOSIS_WINDOW_S`` (10): seconds pulled around a trigger for root cause;
-- ``COLLSCOPE_AGENT_URL`` (``http://{node_ip}:9464``): where a node's agent listens; a template
-  with ``{node}`` (node name) and ``{node_ip}`` (the pod's ``status.hostIP``);
+- ``COLLSCOPE_AGENT_URL`` (``https://{node_ip}:{port}``): where a node's agent listens; a
+  template with ``{node}`` (node name), ``{node_ip}`` (the pod's ``status.hostIP``) and
+  ``{port}`` (``COLLSCOPE_AGENT_PORT``, 9464: the chart's ``agent.port``);
 - ``COLLSCOPE_AGENT_TIMEOUT_S`` (1), ``COLLSCOPE_AGENT_RETRIES`` (1);
+- ``COLLSCOPE_AGENT_CA_FILE`` (empty: the system's CAs): the CA bundle agents' certificates are
+  verified against; ``COLLSCOPE_AGENT_SERVER_NAME`` (empty: the URL's host): the name those
+  certificates carry (one certificate serves every node's agent, reached by IP);
+  ``COLLSCOPE_AGENT_TOKEN_FILE`` (the pod's ServiceAccount token; empty: none): the bearer
+  token presented to agents, read again when the kubelet rotates it, sent over https only;
 - ``COLLSCOPE_NAMESPACE`` (``collscope-system``): where the breaker ConfigMap lives;
 - ``COLLSCOPE_REMEDIATION`` (``{}``): the Helm ``remediation:`` values as JSON (camelCase keys
   of ``policy.RemediationPolicy``);
@@ -30,7 +36,9 @@ from typing import Final, TypeVar
 
 from collscope.operator import breaker, errors, injection, policy
 
-DEFAULT_AGENT_URL: Final = "http://{node_ip}:9464"
+DEFAULT_AGENT_URL: Final = "https://{node_ip}:{port}"
+DEFAULT_AGENT_PORT: Final = 9464
+SA_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 T = TypeVar("T")
 
 
@@ -58,10 +66,18 @@ class TriggerLoopSettings:
 
 @dataclass(frozen=True)
 class AgentSettings:
-    # The DaemonSet uses hostNetwork and port 9464, so the node's IP reaches it.
-    url_template: str = DEFAULT_AGENT_URL
+    # The DaemonSet uses hostNetwork and agent.port, so the node's IP reaches it. {port} is
+    # replaced by ``port`` in from_env; the directory fills {node} and {node_ip}.
+    url_template: str = DEFAULT_AGENT_URL.replace("{port}", str(DEFAULT_AGENT_PORT))
+    port: int = DEFAULT_AGENT_PORT
     timeout_s: float = 1.0  # below the trigger interval: one slow agent must not hold a tick
     retries: int = 1
+    # TLS and the token (agents authorize with TokenReview + SubjectAccessReview, which the
+    # chart grants the operator: collscope.dev agents/data, agents/stacks,
+    # agents/flightrecorder).
+    ca_file: str = ""
+    server_name: str = ""
+    token_file: str = SA_TOKEN
 
 
 @dataclass(frozen=True)
@@ -101,7 +117,9 @@ class Settings:
 
         d = cls()
         b = d.breaker
-        template = get("COLLSCOPE_AGENT_URL", _template, d.agents.url_template)
+        port = get("COLLSCOPE_AGENT_PORT", _port, d.agents.port)
+        template = get("COLLSCOPE_AGENT_URL", _template, DEFAULT_AGENT_URL)
+        template = template.replace("{port}", str(port))
         return cls(
             trigger=TriggerLoopSettings(
                 interval_s=get("COLLSCOPE_TRIGGER_INTERVAL_S", _positive, d.trigger.interval_s),
@@ -109,8 +127,12 @@ class Settings:
             ),
             agents=AgentSettings(
                 url_template=template,
+                port=port,
                 timeout_s=get("COLLSCOPE_AGENT_TIMEOUT_S", _positive, d.agents.timeout_s),
                 retries=get("COLLSCOPE_AGENT_RETRIES", int, d.agents.retries),
+                ca_file=get("COLLSCOPE_AGENT_CA_FILE", str, d.agents.ca_file),
+                server_name=get("COLLSCOPE_AGENT_SERVER_NAME", str, d.agents.server_name),
+                token_file=env.get("COLLSCOPE_AGENT_TOKEN_FILE", d.agents.token_file),
             ),
             diagnosis_window_s=get("COLLSCOPE_DIAGNOSIS_WINDOW_S", _positive, 10.0),
             namespace=get("COLLSCOPE_NAMESPACE", str, d.namespace),
@@ -149,10 +171,17 @@ def _positive(raw: str) -> float:
 
 def _template(raw: str) -> str:
     try:
-        raw.format(node="n", node_ip="127.0.0.1")
+        raw.format(node="n", node_ip="127.0.0.1", port=1)
     except (KeyError, IndexError) as e:
-        raise ValueError(f"only {{node}} and {{node_ip}} may appear ({e})") from e
+        raise ValueError(f"only {{node}}, {{node_ip}} and {{port}} may appear ({e})") from e
     return raw
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= 65535:
+        raise ValueError("must be a TCP port in [1, 65535]")
+    return value
 
 
 def _policy(raw: str) -> policy.RemediationPolicy:

@@ -103,7 +103,7 @@ def client_for(memo: kopf.Memo, node: str, host_ip: str) -> agents.AgentClient |
     if client is None:
         cfg: settings.Settings = memo.settings
         client = agents.AgentClient(
-            node, url, timeout_s=cfg.agents.timeout_s, retries=cfg.agents.retries
+            node, url, timeout_s=cfg.agents.timeout_s, retries=cfg.agents.retries, access=cfg.agents
         )
         cache[(node, url)] = client
     return client

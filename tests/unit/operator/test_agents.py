@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import pathlib
 from collections.abc import Callable
 
 import httpx
 import numpy as np
 import pytest
 
-from collscope.nodeagent import api
+from collscope.nodeagent import agent, api
+from collscope.nodeagent import settings as agent_settings
 from collscope.nodeagent.bundle import columnar, models, reader, tables
-from collscope.operator import agents, errors
+from collscope.operator import agents, errors, settings
 
 Handler = Callable[[httpx.Request], httpx.Response]
 T0 = 1_732_001_234_000_000_000
@@ -329,3 +331,47 @@ def test_a_malformed_columnar_answer_is_not_retried() -> None:
     with pytest.raises(errors.AgentError, match="too short"):
         asyncio.run(client(bad).window([0], since_ns=0, until_ns=1))
     assert len(calls) == 1
+
+
+def test_tls_and_the_token_reach_a_real_agent(tmp_path: pathlib.Path) -> None:
+    """The operator's client against a real agent with TLS and authorization on: the agent's
+    certificate names a Service, not the IP it is reached at (server_name), and the token is
+    read from its file, again after a rotation."""
+    from tests.unit.nodeagent import test_server_limits as agent_tests
+
+    crt, key = agent_tests.self_signed(tmp_path / "tls", "agent.collscope.svc", ip=False)
+    token = tmp_path / "token"
+    token.write_text("op")
+    reviewer = agent_tests.FakeReviewer()
+    cfg = agent_tests.config(
+        tmp_path / "trace", tls=agent_settings.TLSSettings(cert_file=str(crt), key_file=str(key))
+    )
+    a = agent.Agent(cfg, proc_root=None, reviewer=reviewer)
+    a.start()
+    host, port = a.server.address
+    access = settings.AgentSettings(
+        ca_file=str(crt), server_name="agent.collscope.svc", token_file=str(token)
+    )
+
+    async def call(access: settings.AgentSettings) -> api.RanksResponse:
+        c = agents.AgentClient("gpu-1", f"https://{host}:{port}", retries=0, access=access)
+        try:
+            return await c.ranks()
+        finally:
+            await c.aclose()
+
+    try:
+        assert asyncio.run(call(access)).node == "gpu-1"
+        assert reviewer.authn == ["op"]
+        wrong_name = dataclasses.replace(access, server_name="")  # the IP is not in the cert
+        with pytest.raises(errors.AgentUnreachable):
+            asyncio.run(call(wrong_name))
+        token.write_text("tenant")
+        agents._token(str(token))._checked = -1e9  # as if FILE_CHECK_S had passed
+        with pytest.raises(errors.AgentError, match="HTTP 403"):
+            asyncio.run(call(access))
+        plain = dataclasses.replace(access, token_file="")
+        with pytest.raises(errors.AgentError, match="HTTP 401"):
+            asyncio.run(call(plain))
+    finally:
+        a.stop()

@@ -10,7 +10,8 @@ from collscope.operator import errors, settings
 def test_defaults_without_environment() -> None:
     s = settings.Settings.from_env({})
     assert s == settings.Settings()
-    assert s.trigger.interval_s == 1.0 and s.agents.url_template == "http://{node_ip}:9464"
+    assert s.trigger.interval_s == 1.0 and s.agents.url_template == "https://{node_ip}:9464"
+    assert s.agents.token_file.endswith("/serviceaccount/token") and s.agents.ca_file == ""
     assert s.remediation.dry_run is False and s.breaker.max_cordons == 2
 
 
@@ -42,3 +43,16 @@ def test_values_are_parsed() -> None:
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(errors.SettingsError, match=name):
         settings.Settings.from_env({name: value})
+
+
+def test_the_agent_port_reaches_the_url() -> None:
+    s = settings.Settings.from_env({"COLLSCOPE_AGENT_PORT": "19464"})
+    assert s.agents.url_template == "https://{node_ip}:19464" and s.agents.port == 19464
+    s = settings.Settings.from_env(
+        {"COLLSCOPE_AGENT_PORT": "7", "COLLSCOPE_AGENT_URL": "http://{node}.agents:{port}"}
+    )
+    assert s.agents.url_template == "http://{node}.agents:7"
+    with pytest.raises(errors.SettingsError, match="COLLSCOPE_AGENT_PORT"):
+        settings.Settings.from_env({"COLLSCOPE_AGENT_PORT": "70000"})
+    s = settings.Settings.from_env({"COLLSCOPE_AGENT_TOKEN_FILE": ""})
+    assert s.agents.token_file == ""
