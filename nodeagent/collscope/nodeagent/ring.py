@@ -24,9 +24,11 @@ raises ``errors.RingVersionMismatch``. Never ``IndexError``, never garbage.
 
 Concurrency: the writer is live in another process. Live slots are copied under their seqlocks
 (header protocol §1), retried at most ``SEQLOCK_RETRIES`` times, never waited on; events follow
-protocol §3 (commit word per slot, write index in the header). The protocol's acquire loads are
-plain loads here: x86-64 does not reorder loads with loads; on a weaker machine (aarch64) a
-torn copy of a slot could in theory pass its seqlock check.
+protocol §3 (commit word per slot, write index in the header). An attempt is three ``pread``s
+(seqlocks or commit words before, the copy, seqlocks after): the loads of one read are not
+ordered among themselves, those of successive reads are (each a system call after the other's
+return; x86-64 does not reorder loads with loads). On a weaker machine (aarch64) a torn copy of
+a slot could in theory pass its seqlock check.
 
 The pieces: ``ringlayout`` (the binary layout and value checks), ``ringstate`` (live state,
 seqlock copies), ``ringevents`` (the event ring), ``ringrecords`` (bundle-v1 records).
