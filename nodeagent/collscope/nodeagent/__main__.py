@@ -46,7 +46,14 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 HardwareFactory = Callable[[settings.Settings], hardware.Sampler]
 
 
-def main(argv: Sequence[str] | None = None, *, hardware: HardwareFactory | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    hardware: HardwareFactory | None = None,
+    proc_root: pathlib.Path = pathlib.Path("/proc"),
+) -> int:
+    """``collscope-agent``; ``hardware`` and ``proc_root`` replace the node's hardware and
+    ``/proc`` for a ``run`` (the one-box's simulated nodes, ``onebox/nodeagent.py``)."""
     args = _parser().parse_args(argv)
     try:
         if args.command == "export":
@@ -55,7 +62,7 @@ def main(argv: Sequence[str] | None = None, *, hardware: HardwareFactory | None 
         logging.basicConfig(
             level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-        return _run(args, config, hardware or agent.default_hardware)
+        return _run(args, config, hardware or agent.default_hardware, proc_root)
     except (errors.CollscopeError, httpx.HTTPError, OSError) as e:
         print(f"collscope-agent: {e}", file=sys.stderr)
         return 1
@@ -149,14 +156,18 @@ def _positive(flag: str, f: dict[str, object]) -> float:
 
 
 def _run(
-    args: argparse.Namespace, config: settings.Settings, make_hardware: HardwareFactory
+    args: argparse.Namespace,
+    config: settings.Settings,
+    make_hardware: HardwareFactory,
+    proc_root: pathlib.Path,
 ) -> int:
     hw = None if getattr(args, "no_hardware", False) else make_hardware(config)
     a = agent.Agent(
         config,
         hardware_sampler=hw,
         stacks_dumper=agent.stacks_dumper(config.hardware.pyspy),
-        fr_dumper=agent.fr_dumper(),
+        fr_dumper=agent.fr_dumper(proc_root),
+        proc_root=proc_root,
     )
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -231,6 +231,7 @@ class OneBox:
         log.close()
         node = self.hw.get(spec.node)
         if node is not None:  # NVML lists the process on its GPU, as a CUDA context would
+            node.add_process(self.ranks[spec.rank].pid, self.uids[spec.rank])
             node.set_pids(spec.local_rank, [self.ranks[spec.rank].pid])
 
     def start_agent(self, node: str) -> None:

@@ -14,6 +14,12 @@ on its GPU) and the counters a fault changes (``clocks_event_reasons``, ``sm_clo
 ``pcie_link_gen``, ``xids``: XID events, appended). ``FileNvml`` implements ``gpu.Nvml`` by
 reading it; the agent process and the box share nothing else.
 
+``<root>/proc``: the node's ``/proc`` as its agent sees it (``proc_root``): one entry per rank
+process of the node (``add_process``), its files links to the real ``/proc/<pid>`` but for
+``cgroup``, which places it in its pod as a container runtime would (the agent resolves a
+ring's writer only inside the pod whose volume holds the ring). A killed rank's links dangle:
+the agent sees it gone, as it would.
+
 ``NodeHardware.apply(kind, local)`` writes a fault's hardware side (``SYMPTOMS``) from its
 onset on; faults of software, processes and hosts have none.
 """
@@ -68,6 +74,7 @@ class NodeHardware:
     def __init__(self, root: pathlib.Path) -> None:
         self.root = root
         self.sys_root = root / "sys"
+        self.proc_root = root / "proc"
         self._lock = threading.Lock()
 
     @classmethod
@@ -127,6 +134,16 @@ class NodeHardware:
                 g["xids"].append(int(xid))
             g.update(fields)
             self._write(state)
+
+    def add_process(self, pid: int, pod_uid: str) -> None:
+        """Rank process ``pid`` in pod ``pod_uid``, as this node's ``/proc`` shows it."""
+        d = self.proc_root / str(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        for name in ("status", "stat", "environ", "cmdline", "root"):
+            if not (d / name).is_symlink():
+                (d / name).symlink_to(pathlib.Path("/proc") / str(pid) / name)
+        # cgroup v2, cgroupfs driver (procs.py): the pod's directory, then the container's
+        (d / "cgroup").write_text(f"0::/kubepods/besteffort/pod{pod_uid}/onebox-{pid}\n")
 
     def set_pids(self, i: int, pids: list[int]) -> None:
         self.update_gpu(i, pids=pids)

@@ -4,9 +4,10 @@
 
     python -m collscope.operator.onebox.nodeagent --hw-root DIR [collscope-agent run flags]
 
-The real agent (``collscope.nodeagent.__main__.main``) with one thing injected: its hardware
+The real agent (``collscope.nodeagent.__main__.main``) with the node injected: its hardware
 sampler reads ``DIR`` (``hardware.NodeHardware``: a sysfs tree and ``FileNvml``) instead of
-NVML and the host's sysfs. Set ``COLLSCOPE_SYS_ROOT=DIR/sys`` as well, so that the device map
+NVML and the host's sysfs, and its ``/proc`` is ``DIR/proc`` (the node's rank processes, each
+in its pod's cgroup). Set ``COLLSCOPE_SYS_ROOT=DIR/sys`` as well, so that the device map
 finds the simulated HCAs beside the simulated GPUs (``box.OneBox.start_agent`` does).
 """
 
@@ -35,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             history_s=config.window.window_s,
         )
 
-    return agent_cli.main(rest, hardware=make)
+    return agent_cli.main(rest, hardware=make, proc_root=node_hw.proc_root)
 
 
 if __name__ == "__main__":
