@@ -1,4 +1,4 @@
-"""kopf handlers of Diagnosis objects: analyse, remediate, release (DESIGN.md §6-7).
+"""kopf handlers of Diagnosis objects: analyse, then confirm and remediate (DESIGN.md §6-7).
 
 ``on.create`` + ``on.resume`` (``process``), by phase:
 
@@ -13,13 +13,21 @@
   (``stackgrid``), for a hang or slow trigger (or ``requestedActions: [flightRecorder]``) the
   Flight Recorder dumps of the involved ranks grouped by last-collective state
   (``flightrecorder``; an agent or rank without one is a note, never a failure), both in
-  ``evidence``; then remediation as below;
-- ``Diagnosed`` without ``status.actions``: remediation (``remediator.Remediator``: policy,
-  breaker, node marks); phase ``Remediated`` when a node was marked.
+  ``evidence``; then remediation as below. An analysis that fails (an agent or the API
+  unreachable, a bundle the engine rejects, an exception inside the engine, ``MemoryError``
+  included) ends the Diagnosis ``Failed`` with the reason in its ``Diagnosed`` condition and a
+  Warning Event, once: it is not retried;
+- ``Diagnosed`` without ``status.actions``: remediation (``remediator.Remediator``: policy
+  under the cluster's bounds, hardware corroboration, the re-check, breaker, node marks). The
+  re-check ``confirm_delay_s`` later does not hold the handler: the pending confirmation is
+  written to ``status.confirmation`` and kopf is asked to come back (``kopf.TemporaryError``
+  with that delay). Phase ``Remediated`` when a node was marked; ``status.action`` says what was
+  done (the ``Action`` printer column), the ``Confirmed`` condition why.
 
-``on.delete`` (``release``) is a real delete handler, so kopf keeps its finalizer on every
-Diagnosis (our own object): deleting one removes exactly the node marks collscope placed for
-it and frees its place in the breaker. Events are posted with ``kopf.info``/``kopf.warn``.
+There is no delete handler, hence no finalizer: deleting a Diagnosis (or its job, which owns it)
+releases nothing. A node found faulty stays marked until ``collscope uncordon NODE``. At start-up
+(``on.startup``) the breaker's held set is rebuilt from the nodes' marks. Events are posted with
+``kopf.info``/``kopf.warn``.
 """
 
 from __future__ import annotations
@@ -55,9 +63,18 @@ Logger = logging.Logger | logging.LoggerAdapter[Any]
 def register(registry: kopf.OperatorRegistry) -> None:
     for on in (kopf.on.create, kopf.on.resume):
         on(kube.GROUP, kube.VERSION, kube.DIAGNOSES, id="process", registry=registry)(process)
-    kopf.on.delete(kube.GROUP, kube.VERSION, kube.DIAGNOSES, id="release", registry=registry)(
-        release
-    )
+    kopf.on.startup(id="breaker", registry=registry)(rebuild_breaker)
+
+
+async def rebuild_breaker(memo: kopf.Memo, logger: Logger, **_: Any) -> None:
+    """The breaker counts the nodes that carry collscope's marks now, not a stale record."""
+    rem: remediator.Remediator = memo.remediator
+    try:
+        summary = await rem.rebuild()
+    except (errors.KubeError, errors.RemediationError) as e:
+        logger.warning("circuit breaker not rebuilt from the nodes at start-up: %s", e)
+        return
+    logger.info("circuit breaker %s; nodes held: %s", summary["state"], summary["held"] or "none")
 
 
 def now_utc() -> datetime.datetime:
@@ -119,9 +136,18 @@ async def _process(
         try:
             result, failed = await analyse(memo, namespace, job, spec, diagnosis_name=name)
         except (errors.AgentError, errors.KubeError, errors.AnalysisError) as e:
-            new = status_phase(phase, "Failed", conditions, generation, str(e))
-            await _patch(api, namespace, name, new)
-            kopf.warn(body, reason="AnalysisFailed", message=str(e))
+            await _failed(
+                api, namespace=namespace, name=name, body=body, phase=phase,
+                conditions=conditions, generation=generation, why=str(e),
+            )  # fmt: skip
+            return
+        except Exception as e:  # a bug or a hostile bundle: Failed once, never a retry loop
+            logger.exception("analysis of Diagnosis %s/%s failed", namespace, name)
+            why = f"analysis failed: {type(e).__name__}: {e}".rstrip(": ")
+            await _failed(
+                api, namespace=namespace, name=name, body=body, phase=phase,
+                conditions=conditions, generation=generation, why=why,
+            )  # fmt: skip
             return
         new = status_mod.diagnosis_status(
             result, phase="Diagnosed", generation=generation, conditions=conditions, now=now_utc()
@@ -154,12 +180,30 @@ status_mod = status  # the module, shadowed by kopf's ``status`` kwarg inside ha
 
 
 def status_phase(
-    current: Any, new: Any, conditions: Any, generation: Any, message: str
+    current: Any, new: Any, conditions: Any, generation: Any, message: str, *, reason: str = ""
 ) -> dict[str, Any]:
     return status_mod.phase_status(
-        current, new, reason=new, message=message[:2000], generation=generation,
+        current, new, reason=reason or new, message=message[:2000], generation=generation,
         conditions=conditions, now=now_utc(),
     )  # fmt: skip
+
+
+async def _failed(
+    api: kube.Cluster,
+    *,
+    namespace: str,
+    name: str,
+    body: kopf.Body,
+    phase: Any,
+    conditions: Any,
+    generation: Any,
+    why: str,
+) -> None:
+    """Phase ``Failed``, condition ``Diagnosed`` False with reason ``AnalysisFailed``."""
+    new = status_phase(phase, "Failed", conditions, generation, why, reason="AnalysisFailed")
+    new["action"] = "none"
+    await _patch(api, namespace, name, new)
+    kopf.warn(body, reason="AnalysisFailed", message=why[:1000])
 
 
 async def _patch(api: kube.Cluster, namespace: str, name: str, new: Mapping[str, Any]) -> None:
@@ -208,9 +252,12 @@ async def analyse(
     trigger_loop.note_failures(memo, failed)
     watched = rt.watched_when.get(diagnosis_name, rt.sample)
     sampled = [int(r) for r in watched if r in rt.ranks] or None
-    result = await asyncio.to_thread(
-        engine.diagnose, bundle, jobs.analysis_settings(tj_spec), sampled=sampled
-    )
+    try:
+        result = await asyncio.to_thread(
+            engine.diagnose, bundle, jobs.analysis_settings(tj_spec), sampled=sampled
+        )
+    except Exception as e:  # MemoryError included: the engine's failure is this Diagnosis's
+        raise errors.AnalysisError(f"analysis failed: {type(e).__name__}: {e}".rstrip(": ")) from e
     meters.analysis_seconds.observe(time.perf_counter() - started)
     return result, failed
 
@@ -228,43 +275,72 @@ async def remediate(
     body: kopf.Body,
 ) -> None:
     rem: remediator.Remediator = memo.remediator
+    cfg: settings.Settings = memo.settings
     tj = await api.get_trainingjob(namespace, job) if job else None
     overrides = (((tj or {}).get("spec") or {}).get("diagnosis") or {}).get("remediation")
+    current = body.get("status") or {}
+    pendings: dict[str, dict[str, Any]] = memo.setdefault("confirmations", {})
+    uid = f"{namespace}/{name}/{body.get('metadata', {}).get('uid', '')}"
+    pending = current.get("confirmation") or pendings.get(uid)
+    if pending is not None and pending.get("state") != "Pending":
+        pending = pendings.get(uid)
+    window_s = float((body.get("spec") or {}).get("windowSeconds") or cfg.diagnosis_window_s)
     try:
-        actions, marked = await rem.remediate(f"{namespace}/{name}", result, overrides, now_utc())
+        step = await rem.remediate(
+            f"{namespace}/{name}", result, overrides, pending=pending,
+            conditions=conditions, generation=generation,
+            hardware=hardware_source(memo), window_s=window_s,
+        )  # fmt: skip
     except (errors.KubeError, errors.RemediationError) as e:
         raise kopf.TemporaryError(f"remediation: {e}", delay=5) from e
-    new: dict[str, Any] = {"actions": actions}
-    if marked:
-        new.update(status_phase("Diagnosed", "Remediated", conditions, generation, "node marked"))
-    await _patch(api, namespace, name, new)
-    for a in actions:
+    new = dict(step.status)
+    if step.marked:  # the step's conditions carry Confirmed: Diagnosed is set over them
+        cond = new.get("conditions") or conditions
+        new.update(status_phase("Diagnosed", "Remediated", cond, generation, "node marked"))
+    if new:
+        await _patch(api, namespace, name, new)
+    for warning, reason, message in step.events:
+        (kopf.warn if warning else kopf.info)(body, reason=reason, message=message[:1000])
+    for a in new.get("actions") or ():
         text = f"{a['action']} {a.get('node', '')}: {a['outcome']} {a.get('message', '')}"
         if a["outcome"] in ("Done", "Blocked", "Failed"):
             kopf.warn(body, reason=f"Remediation{a['outcome']}", message=text.strip())
         else:
             kopf.info(body, reason=f"Remediation{a['outcome']}", message=text.strip())
+    if step.retry_in_s is not None:
+        if "confirmation" in new:
+            pendings[uid] = new["confirmation"]
+        raise kopf.TemporaryError(
+            f"re-checking the hardware of the culprit node in {step.retry_in_s:.1f} s",
+            delay=max(step.retry_in_s, 0.1),
+        )
+    pendings.pop(uid, None)
 
 
-async def release(
-    *,
-    name: str,
-    namespace: str | None,
-    status: kopf.Status,
-    memo: kopf.Memo,
-    logger: Logger,
-    **_: Any,
-) -> None:
-    """Remove the node marks collscope placed for this Diagnosis (if any)."""
-    nodes = {a.get("node") for a in status.get("actions") or [] if a.get("outcome") == "Done"}
-    rem: remediator.Remediator = memo.remediator
-    for node in sorted(n for n in nodes if n):
+def hardware_source(memo: kopf.Memo) -> remediator.HardwareSource:
+    """The hardware samples of a node from its agent (``AgentClient.hardware``), the agent
+    found from the Node's InternalIP; ``memo.hardware`` replaces it (tests, the one-box)."""
+    injected: remediator.HardwareSource | None = memo.get("hardware")
+    if injected is not None:
+        return injected
+    cfg: settings.Settings = memo.settings
+
+    async def read(node: ids.NodeName, since_ns: int, until_ns: int) -> list[Any]:
+        api: kube.Cluster = memo.kube
+        obj = await api.get_node(node) or {}
+        addresses = (obj.get("status") or {}).get("addresses") or []
+        ip = next((str(a.get("address")) for a in addresses if a.get("type") == "InternalIP"), "")
+        url = memo.directory(node, ip)
+        if url is None:
+            raise errors.AgentUnreachable(f"no agent URL for node {node}")
+        client = agents.AgentClient(node, url, timeout_s=cfg.agents.timeout_s + 2.0, retries=1)
         try:
-            released = await rem.release(f"{namespace}/{name}", ids.NodeName(node))
-        except (errors.KubeError, errors.RemediationError) as e:
-            raise kopf.TemporaryError(f"releasing {node}: {e}", delay=5) from e
-        if released:
-            logger.info("released node %s held for Diagnosis %s/%s", node, namespace, name)
+            got = await client.hardware(since_ns=since_ns, until_ns=until_ns)
+        finally:
+            await client.aclose()
+        return list(got.records)
+
+    return read
 
 
 def _summary(result: diagnosis.Diagnosis) -> str:

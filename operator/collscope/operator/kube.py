@@ -102,6 +102,7 @@ class Kube:
 DIAGNOSES = "diagnoses"
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 def _failed(what: str, e: Exception) -> errors.KubeError:
@@ -172,9 +173,28 @@ class Cluster(Kube):
         obj = await self._call(f"reading Node {name}", self._core.read_node, name)
         return None if obj is None else dict(client.sanitize_for_serialization(obj))
 
-    async def count_nodes(self) -> int:
+    async def list_nodes(self) -> list[dict[str, Any]]:
+        """Every Node (the breaker's node count and its held set, rebuilt from the marks)."""
         nodes = await self._call("listing Nodes", self._core.list_node)
-        return 0 if nodes is None else len(nodes.items or [])
+        if nodes is None:
+            return []
+        client = self._core.api_client
+        return [dict(client.sanitize_for_serialization(n)) for n in nodes.items or []]
+
+    async def patch_node_status(self, name: str, conditions: list[dict[str, Any]]) -> None:
+        """Set Node conditions (a strategic merge: the list merges by ``type``, so other
+        conditions, the kubelet's included, stay as they are)."""
+        await self._call(
+            f"patching Node {name} status", self._core.patch_node_status, name,
+            {"status": {"conditions": conditions}}, _content_type=STRATEGIC_MERGE_PATCH,
+        )  # fmt: skip
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Post a core v1 Event (a Node's go to ``default``, as the kubelet's do)."""
+        await self._call(
+            f"posting an Event in {namespace}",
+            self._core.create_namespaced_event, namespace, dict(body),
+        )  # fmt: skip
 
     async def patch_node(self, name: str, ops: list[dict[str, Any]]) -> None:
         """Apply a JSON Patch (RFC 6902) to a Node (``remediation.plan``/``undo``)."""

@@ -5,8 +5,11 @@
     collscope breaker reset --by me  # a human closes a tripped breaker
 
 They talk to the cluster of the current kubeconfig context (or the pod's service account)
-through ``kube.Cluster`` and reuse ``remediator.Remediator``, so the undo is exactly the one a
-Diagnosis deletion performs: a node someone else cordoned stays cordoned.
+through ``kube.Cluster`` and reuse ``remediator.Remediator``. ``uncordon`` is the one way a node
+collscope marked goes back into the pool (deleting the job or its Diagnosis keeps the marks): it
+removes exactly what collscope added (a node someone else cordoned stays cordoned), sets the
+``CollscopeFaulty`` condition False, posts ``CollscopeReleased`` on the Node and frees the
+node's place in the circuit breaker, whose held set is read from the nodes' marks.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description="Remove the cordon, the collscope.dev/faulty taint, the "
         "collscope.dev/quarantined label and the annotations collscope placed on NODE; marks "
         "that were there before collscope acted are left alone. The node's place in the "
-        "circuit breaker is freed.",
+        "circuit breaker is freed. Deleting the job or its Diagnosis never releases a node.",
     )
     unc.add_argument("node", metavar="NODE")
     _cluster_options(unc)
@@ -64,7 +67,7 @@ def _remediator(args: argparse.Namespace) -> remediator.Remediator:
 
 
 def _cmd_uncordon(args: argparse.Namespace) -> int:
-    released = asyncio.run(_remediator(args).release(None, ids.NodeName(args.node)))
+    released = asyncio.run(_remediator(args).release(ids.NodeName(args.node)))
     print(f"{args.node}: {'released' if released else 'collscope holds nothing here'}")
     return 0
 

@@ -11,6 +11,15 @@ Marking a culprit node (DESIGN.md §7) means, in one patch:
   "labelled": true, "at": "2026-11-22T21:00:00Z"}``: a node someone else had cordoned before
   is not uncordoned by ``undo`` (NVSentinel records ``cordon-by`` for the same reason).
 
+Alongside the marks, where Kubernetes tools look (node-problem-detector style, so NVSentinel-like
+remediators can act on it): the Node condition ``CollscopeFaulty`` (``condition``, patched on
+``nodes/status``; True while marked, False with reason ``Released`` after) and Events on the
+Node (``event``: ``CollscopeCordoned``, ``CollscopeNotConfirmed``, ``CollscopeReleased``...).
+
+The marks outlive the job and the Diagnosis: deleting either releases nothing (a faulty GPU
+must not go back into the pool with them). A node is released by ``collscope uncordon NODE``
+(``undo`` with no Diagnosis).
+
 Every patch starts with a ``test`` of ``metadata.resourceVersion``: taints are a list that a
 merge patch would replace whole, so the read-modify-write must fail (HTTP 422) rather than
 overwrite a concurrent change; the caller re-reads the node and plans again.
@@ -27,6 +36,9 @@ from typing import Any
 from collscope.operator import errors, patches
 
 TAINT_KEY = "collscope.dev/faulty"
+CONDITION_TYPE = "CollscopeFaulty"
+EVENT_SOURCE = "collscope-operator"
+EVENT_NAMESPACE = "default"  # a Node's Events live there, as the kubelet's do
 TAINT_EFFECT = "NoSchedule"
 LABEL_KEY = "collscope.dev/quarantined"
 DIAGNOSIS_ANNOTATION = "collscope.dev/diagnosis"
@@ -179,3 +191,50 @@ def is_held(node: Mapping[str, Any]) -> bool:
     """Whether collscope holds marks on this node (the breaker's ``held`` set is rebuilt
     from this at start-up)."""
     return record_of(node) is not None
+
+
+def condition(*, faulty: bool, reason: str, message: str, now: datetime.datetime) -> dict[str, Any]:
+    """The ``CollscopeFaulty`` Node condition (``reason`` CamelCase, ``message`` names the
+    Diagnosis); merged by ``type`` into ``status.conditions``."""
+    at = _rfc3339(now)
+    return {
+        "type": CONDITION_TYPE,
+        "status": "True" if faulty else "False",
+        "reason": reason,
+        "message": message[:1024],
+        "lastHeartbeatTime": at,
+        "lastTransitionTime": at,
+    }
+
+
+def event(
+    node: Mapping[str, Any], *, reason: str, message: str, warning: bool, now: datetime.datetime
+) -> dict[str, Any]:
+    """A core v1 Event about ``node`` (named ``<node>.<hex ns>`` as the kubelet names its own)."""
+    meta = node.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    at = _rfc3339(now)
+    stamp = int(now.timestamp() * 1e9)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{stamp:x}", "namespace": EVENT_NAMESPACE},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": name,
+            "uid": meta.get("uid") or name,
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": EVENT_SOURCE},
+        "reportingComponent": EVENT_SOURCE,
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": 1,
+    }
+
+
+def _rfc3339(now: datetime.datetime) -> str:
+    return now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

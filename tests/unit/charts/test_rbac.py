@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import inspect
 import re
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 import kubernetes
 
 from collscope.operator import __main__ as operator_main
-from collscope.operator import errors, jobs, kube, owners, settings
+from collscope.operator import errors, jobs, kube, owners, remediation, settings
 
 NS = "ml"
 
@@ -63,8 +64,12 @@ CALLS: dict[str, list[tuple[Any, ...]]] = {
     "patch_status": [(kube.DIAGNOSES, NS, "d", {"phase": "Diagnosed"})],
     "get_trainingjob": [(NS, "tj")],
     "get_node": [("n1",)],
-    "count_nodes": [()],
+    "list_nodes": [()],
     "patch_node": [("n1", [{"op": "add", "path": "/spec/unschedulable", "value": True}])],
+    "patch_node_status": [("n1", [{"type": "CollscopeFaulty", "status": "True"}])],
+    "create_event": [(remediation.EVENT_NAMESPACE, remediation.event(
+        {"metadata": {"name": "n1", "uid": "u1"}}, reason="CollscopeCordoned", message="m",
+        warning=True, now=datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)))],
     "read_configmap": [(settings.Settings().namespace, settings.Settings().breaker_configmap)],
     "write_configmap": [(settings.Settings().namespace, settings.Settings().breaker_configmap,
                          {"state": "{}"})],
@@ -227,6 +232,9 @@ def test_the_breaker_configmap_is_namespaced(chart: Any) -> None:
 def test_recorder_sees_what_the_adapter_sends() -> None:
     calls = set(adapter_calls())
     assert Call("", "nodes", "patch", "n1") in calls
+    # Remediation says it where Kubernetes tools look: a Node condition and Events on it.
+    assert Call("", "nodes/status", "patch", "n1") in calls
+    assert Call("", "events", "create", None, "default") in calls
     assert Call("collscope.dev", "diagnoses/status", "patch", "d", NS) in calls
     assert Call("", "configmaps", "patch", "collscope-breaker", "collscope-system") in calls
 

@@ -29,7 +29,8 @@ def cluster() -> kube.Cluster:
 def test_build_registers_every_handler() -> None:
     registry, memo = main.build(settings.Settings(), cluster(), lambda n, ip: None)
     ids = handler_ids(registry)
-    assert {"trigger", "process", "release", "opted_in_pod"} <= {i.split("/")[0] for i in ids}
+    assert {"trigger", "process", "opted_in_pod"} <= {i.split("/")[0] for i in ids}
+    assert "release" not in ids  # issue 14: deleting a Diagnosis never releases a node
     assert not any(i.startswith("inject") for i in ids)  # no webhook unless a port is given
     assert memo.jobs == {} and memo.remediator.configmap == "collscope-breaker"
     hooked, _ = main.build(settings.Settings(webhook_port=9443), cluster(), lambda n, ip: None)

@@ -151,3 +151,17 @@ def _prune(obj: Any) -> Any:
         pruned = {k: _prune(v) for k, v in obj.items()}
         return {k: v for k, v in pruned.items() if v not in ({}, [], False)}
     return obj
+
+
+def test_node_condition_and_event_say_it_where_kubernetes_tools_look() -> None:
+    now = datetime.datetime(2026, 11, 22, 21, 0, tzinfo=datetime.UTC)
+    cond = remediation.condition(faulty=True, reason="HangGpu", message="ml/d1", now=now)
+    assert cond == {
+        "type": "CollscopeFaulty", "status": "True", "reason": "HangGpu", "message": "ml/d1",
+        "lastHeartbeatTime": "2026-11-22T21:00:00Z", "lastTransitionTime": "2026-11-22T21:00:00Z",
+    }  # fmt: skip
+    node = {"metadata": {"name": "n1", "uid": "u1"}}
+    ev = remediation.event(node, reason="CollscopeCordoned", message="m", warning=True, now=now)
+    assert ev["metadata"]["namespace"] == "default" and ev["metadata"]["name"].startswith("n1.")
+    assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "u1"}
+    assert (ev["type"], ev["reason"], ev["count"]) == ("Warning", "CollscopeCordoned", 1)
