@@ -48,3 +48,21 @@ app.kubernetes.io/component: agent
 true
 {{- end -}}
 {{- end -}}
+
+{{/* The agents' certificate from cert-manager: as for the webhook, by agent.tls. */}}
+{{- define "collscope.agent.certManager" -}}
+{{- if or (eq .Values.agent.tls "certManager") (and (eq .Values.agent.tls "auto") (.Capabilities.APIVersions.Has "cert-manager.io/v1")) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* How the operator reaches a node's agent: operator.agentURL, else the node's IP and
+agent.port ({port}), over https unless agent.tls is disabled. */}}
+{{- define "collscope.agent.url" -}}
+{{- .Values.operator.agentURL | default (printf "%s://{node_ip}:{port}" (ternary "http" "https" (eq .Values.agent.tls "disabled"))) -}}
+{{- end -}}
+
+{{/* The name the agents' certificate carries (one for every node: agents are reached by IP). */}}
+{{- define "collscope.agent.serverName" -}}
+{{ include "collscope.agent.name" . }}.{{ .Release.Namespace }}.svc
+{{- end -}}

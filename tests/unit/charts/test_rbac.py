@@ -7,8 +7,12 @@ Calls are derived from the code, not listed by hand:
   method fails ``test_every_adapter_method_is_exercised`` until it is added to ``CALLS``;
 - kopf: the handlers ``__main__.build`` registers (with the webhook on) are read from the
   registry, and each handler kind maps to the requests kopf makes for it; plus kopf's own
-  (Events, peering, CRD observation).
-The agent gets no token and no rules.
+  (Events, peering, CRD observation);
+- the agents' API: every public coroutine of ``agents.AgentClient`` is called against a
+  recording transport and each request is mapped to the SubjectAccessReview the agent asks for
+  it (``collscope.nodeagent.auth.attributes``); the operator must be granted exactly those.
+The agent's own rights are the reviews ``auth.KubeReviewer`` sends (TokenReview and
+SubjectAccessReview creates), recorded from a real call, and nothing else.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import httpx
 import kubernetes
+from aiohttp import web
 
+from collscope.nodeagent import api as agent_api
+from collscope.nodeagent import auth
 from collscope.operator import __main__ as operator_main
-from collscope.operator import errors, jobs, kube, owners, remediation, settings
+from collscope.operator import agents, errors, jobs, kube, owners, remediation, settings
 
 NS = "ml"
 
@@ -172,9 +180,9 @@ class Grant(NamedTuple):
     namespace: str | None  # None: cluster-wide
 
 
-def grants(chart: Any) -> list[Grant]:
+def grants(chart: Any, workload: str = "Deployment") -> list[Grant]:
     docs = chart.render()
-    sa = chart.find(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    sa = chart.find(docs, workload)["spec"]["template"]["spec"]["serviceAccountName"]
     out: list[Grant] = []
     for binding in docs:
         if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
@@ -187,6 +195,10 @@ def grants(chart: Any) -> list[Grant]:
             None if binding["kind"] == "ClusterRoleBinding" else binding["metadata"]["namespace"]
         )
         for rule in role["rules"]:
+            if "nonResourceURLs" in rule:
+                out += [Grant("", u, v, frozenset(), None) for u in rule["nonResourceURLs"]
+                        for v in rule["verbs"]]  # fmt: skip
+                continue
             names = frozenset(rule.get("resourceNames", ()))
             out += [Grant(g, r, v, names, scope) for g in rule["apiGroups"]
                     for r in rule["resources"] for v in rule["verbs"]]  # fmt: skip
@@ -201,8 +213,56 @@ def covers(g: Grant, c: Call) -> bool:
     return g.namespace is None or g.namespace == c.namespace
 
 
+# -- the agents' API: what the agent asks RBAC for each request the operator makes -------------
+
+AGENT_CALLS: dict[str, tuple[Any, ...]] = {
+    "ranks": (),
+    "summaries": ([1],),
+    "window_lines": ([1],),
+    "window": ([1],),
+    "hardware": (),
+    "stacks": (agent_api.StacksRequest(ranks=[1]),),
+    "flightrecorder": (agent_api.FlightRecorderRequest(ranks=[1]),),
+}
+AGENT_KWARGS: dict[str, dict[str, Any]] = {
+    "summaries": {"window_s": 5.0},
+    "window_lines": {"since_ns": 0, "until_ns": 1},
+    "window": {"since_ns": 0, "until_ns": 1},
+    "hardware": {"since_ns": 0, "until_ns": 1},
+}
+
+
+def test_every_agent_client_method_is_exercised() -> None:
+    assert public_coroutines(agents.AgentClient) - {"aclose"} == set(AGENT_CALLS)
+
+
+def agent_api_calls() -> list[Call]:
+    seen: list[tuple[str, str]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        return httpx.Response(404, json={"error": "recorded"})
+
+    async def run_all() -> None:
+        c = agents.AgentClient("n1", "https://agent", retries=0,
+                               transport=httpx.MockTransport(answer))  # fmt: skip
+        for method, args in AGENT_CALLS.items():
+            with contextlib.suppress(errors.AgentError):
+                await getattr(c, method)(*args, **AGENT_KWARGS.get(method, {}))
+        await c.aclose()
+
+    asyncio.run(run_all())
+    assert len(seen) == len(AGENT_CALLS)
+    out = []
+    for method, path in seen:
+        a = auth.attributes(method, path, "n1")
+        assert a is not None, path
+        out.append(Call(a.group, f"{a.resource}/{a.subresource}", a.verb, a.name))
+    return out
+
+
 def required() -> list[Call]:
-    return adapter_calls() + kopf_calls()
+    return adapter_calls() + kopf_calls() + agent_api_calls()
 
 
 def test_every_call_is_allowed(chart: Any) -> None:
@@ -239,11 +299,56 @@ def test_recorder_sees_what_the_adapter_sends() -> None:
     assert Call("", "configmaps", "patch", "collscope-breaker", "collscope-system") in calls
 
 
-def test_agent_has_no_api_access(chart: Any) -> None:
-    docs = chart.render()
+def reviewer_calls() -> list[Call]:
+    """The requests ``auth.KubeReviewer`` makes for one TokenReview and one SAR."""
+    seen: list[tuple[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path))
+        return web.json_response({"status": {"authenticated": True, "allowed": True}}, status=201)
+
+    async def run() -> None:
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", record)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        r = auth.KubeReviewer(f"http://127.0.0.1:{port}", lambda: "agent-token")
+        user = await r.authenticate("t")
+        assert user is not None
+        await r.authorize(user, auth.Attributes(verb="get", path="/metrics"))
+        await r.aclose()
+        await runner.cleanup()
+
+    asyncio.run(run())
+    return [to_call(m, "http://k8s" + p) for m, p in seen]
+
+
+def test_the_agent_may_only_review_tokens(chart: Any) -> None:
+    calls = set(reviewer_calls())
+    assert calls == {Call("authentication.k8s.io", "tokenreviews", "create"),
+                     Call("authorization.k8s.io", "subjectaccessreviews", "create")}  # fmt: skip
+    have = grants(chart, "DaemonSet")
+    assert {(g.group, g.resource, g.verb, g.names, g.namespace) for g in have} == {
+        (c.group, c.resource, c.verb, frozenset(), None) for c in calls
+    }
+    ds = chart.find(chart.render(), "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+
+
+def test_without_agent_auth_the_agent_has_no_token_and_no_rules(chart: Any) -> None:
+    docs = chart.render({"agent": {"auth": {"enabled": False}}})
     ds = chart.find(docs, "DaemonSet")
     sa = ds["spec"]["template"]["spec"]["serviceAccountName"]
     assert ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
     bound = [b for b in docs if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
              and any(s["name"] == sa for s in b["subjects"])]  # fmt: skip
     assert bound == []
+
+
+def test_a_metrics_reader_role_for_prometheus(chart: Any) -> None:
+    role = chart.find(chart.render(), "ClusterRole", "collscope-agent-metrics-reader")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert auth.attributes("GET", "/metrics", "n1") == auth.Attributes(verb="get", path="/metrics")

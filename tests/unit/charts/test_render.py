@@ -27,7 +27,9 @@ NOT_CORE = {"ClusterKopfPeering", "Issuer", "Certificate", "ServiceMonitor"}
 VARIANTS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "standby": {"operator": {"standby": {"enabled": True}}},
-    "cert-manager": {"webhook": {"tls": "certManager"}},
+    "cert-manager": {"webhook": {"tls": "certManager"}, "agent": {"tls": "certManager"}},
+    "agent-plain": {"agent": {"tls": "disabled", "auth": {"enabled": False}}},
+    "agent-port": {"agent": {"port": 19464}},
     "nvml-host-driver": {"agent": {"nvml": {"mode": "hostDriver"}}},
     "no-webhook": {"webhook": {"enabled": False}, "agent": {"nvml": {"mode": "none"}}},
     "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}}},
@@ -119,12 +121,13 @@ def test_peering_object_matches_its_crd(chart: Any) -> None:
 
 def test_cert_manager_objects(chart: Any) -> None:
     docs = chart.render(VARIANTS["cert-manager"])
-    cert = chart.find(docs, "Certificate")
+    cert = chart.find(docs, "Certificate", "collscope-webhook")
     hook = chart.find(docs, "MutatingWebhookConfiguration")
     deploy = chart.find(docs, "Deployment")
     volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
     assert cert["spec"]["secretName"] == volumes["webhook-tls"]["secret"]["secretName"]
-    assert cert["spec"]["issuerRef"]["name"] == chart.find(docs, "Issuer")["metadata"]["name"]
+    issuer = chart.find(docs, "Issuer", "collscope-webhook")
+    assert cert["spec"]["issuerRef"]["name"] == issuer["metadata"]["name"]
     ns, name = hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].split("/")
     assert (ns, name) == (cert["metadata"]["namespace"], cert["metadata"]["name"])
     assert "caBundle" not in hook["webhooks"][0]["clientConfig"]
@@ -138,7 +141,11 @@ def test_operator_env_is_read_by_the_operator(chart: Any) -> None:
     config = settings.Settings.from_env(env)
     values = chart.values()
     assert config.namespace == chart.namespace
-    assert config.agents.url_template == values["operator"]["agentURL"]
+    # operator.agentURL empty: https at the node's IP and agent.port, verified and with a token
+    assert values["operator"]["agentURL"] == ""
+    assert config.agents.url_template == f"https://{{node_ip}}:{values['agent']['port']}"
+    assert config.agents.server_name == "collscope-agent.collscope-system.svc"
+    assert config.agents.token_file.endswith("/serviceaccount/token")
     assert config.remediation == policy.RemediationPolicy.from_values(values["remediation"])
     assert config.breaker.max_fraction == values["breaker"]["maxFraction"]
     assert config.webhook_port == values["webhook"]["port"]
@@ -149,6 +156,13 @@ def test_operator_env_is_read_by_the_operator(chart: Any) -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["webhook-tls"]
     assert config.webhook_cert_dir == mount
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert config.agents.ca_file == mounts["agent-ca"] + "/ca.crt"
+    pod = chart.find(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # the agents' CA only, never their key
+    only_ca = [{"key": "ca.crt", "path": "ca.crt"}]
+    assert volumes["agent-ca"]["secret"] == {"secretName": "collscope-agent-tls", "items": only_ca}
 
 
 def test_agent_env_is_read_by_the_agent(chart: Any) -> None:
@@ -164,9 +178,17 @@ def test_agent_env_is_read_by_the_agent(chart: Any) -> None:
     assert kubelet["mountPath"] == config.discovery.kubelet_pods_dir
     assert kubelet["readOnly"] and kubelet["mountPropagation"] == "HostToContainer"
     assert mounts["host-sys"]["readOnly"] and config.hardware.sys_root == "/host/sys"
-    # The operator reaches the agent at the node IP and the default port.
+    # The operator reaches the agent at the node IP and the default port, over TLS, with a token
+    # the agent reviews; the agent binds the node's address only.
     assert pod["hostNetwork"] and pod["hostPID"]
-    assert config.server.listen_port == 9464 and settings.DEFAULT_AGENT_URL.endswith(":9464")
+    assert config.server.listen_port == 9464 == settings.DEFAULT_AGENT_PORT
+    host = {e["name"]: e for e in container["env"]}["COLLSCOPE_LISTEN_HOST"]
+    assert host["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert agent_settings.check(config).auth.mode == "kubernetes"
+    assert config.tls.cert_file == mounts["agent-tls"]["mountPath"] + "/tls.crt"
+    assert pod["automountServiceAccountToken"] is True
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
     sc = container["securityContext"]
     assert sc["readOnlyRootFilesystem"] and "SYS_PTRACE" in sc["capabilities"]["add"]
     assert pod["runtimeClassName"] == "nvidia"
@@ -183,7 +205,7 @@ def test_webhook_points_at_the_kopf_handler(chart: Any) -> None:
     port = {p["port"]: p["targetPort"] for p in service["spec"]["ports"]}[svc["port"]]
     assert port == "webhook"
     assert chart.namespace in hook["namespaceSelector"]["matchExpressions"][0]["values"]
-    secret = chart.find(docs, "Secret")
+    secret = chart.find(docs, "Secret", "collscope-webhook-tls")
     assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
 
 
@@ -235,3 +257,45 @@ def test_remediated_node_is_valid() -> None:
     assert marked["spec"]["unschedulable"] is True
     undone = jsonpatch.apply_patch(marked, remediation.undo(marked))
     kubernetes_validate.validate(undone, K8S_VERSIONS[0], strict=True)
+
+
+def test_the_agent_port_is_honoured_everywhere(chart: Any) -> None:
+    docs = chart.render(VARIANTS["agent-port"])
+    ds = chart.find(docs, "DaemonSet")
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    assert agent_settings.Settings.from_env(chart.env(container)).server.listen_port == 19464
+    assert [p["containerPort"] for p in container["ports"]] == [19464]
+    svc = chart.find(docs, "Service", "collscope-agent")
+    assert [p["port"] for p in svc["spec"]["ports"]] == [19464]
+    op = chart.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert settings.Settings.from_env(chart.env(op)).agents.url_template == (
+        "https://{node_ip}:19464"
+    )
+
+
+def test_plain_agent_only_without_auth(chart: Any) -> None:
+    docs = chart.render(VARIANTS["agent-plain"])
+    op = chart.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert settings.Settings.from_env(chart.env(op)).agents.url_template.startswith("http://")
+    ds = chart.find(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert agent_settings.check(agent_settings.Settings.from_env(chart.env(ds))).auth.mode == "none"
+    assert not [d for d in docs if d["kind"] == "Secret" and "agent" in d["metadata"]["name"]]
+    with pytest.raises(Exception, match=r"agent\.auth\.enabled needs agent\.tls"):
+        chart.render({"agent": {"tls": "disabled"}})
+
+
+def test_agent_certificate_names_what_the_operator_checks(chart: Any) -> None:
+    docs = chart.render(VARIANTS["cert-manager"])
+    cert = chart.find(docs, "Certificate", "collscope-agent")
+    op = chart.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    name = settings.Settings.from_env(chart.env(op)).agents.server_name
+    assert name in cert["spec"]["dnsNames"] and cert["spec"]["secretName"] == "collscope-agent-tls"
+    # the leaf comes from a CA of its own: renewing it keeps ca.crt, which the operator trusts
+    ca_issuer = chart.find(docs, "Issuer", cert["spec"]["issuerRef"]["name"])
+    ca = chart.find(docs, "Certificate", ca_issuer["spec"]["ca"]["secretName"])
+    assert ca["spec"]["isCA"] is True
+    monitor = chart.render({"metrics": {"serviceMonitor": {"enabled": True}}})
+    ep = chart.find(monitor, "ServiceMonitor", "collscope-agent")["spec"]["endpoints"][0]
+    assert ep["scheme"] == "https" and ep["tlsConfig"]["serverName"] == name
+    assert ep["tlsConfig"]["ca"]["secret"] == {"name": "collscope-agent-tls", "key": "ca.crt"}
+    assert ep["bearerTokenFile"].endswith("/serviceaccount/token")
