@@ -4,7 +4,9 @@ Input: ``functions.jsonl``, one (β, μ, sigma) pattern per worker and function 
 column-wise in a ``table.PatternTable``. Per function (``localise``): the distance from the
 range expected of its kind D (``expectation``) and the differential distance Δ over a sample of
 N = min(100, W) workers with δ = 0.4 and the median + 5·MAD rule (``differential``), for
-functions with β > 0.01 only. Across kernels, load imbalance (``imbalance``). Findings are
+functions with β > 0.01 only, among the workers of one role (``roles``: pipeline stages or
+function sets), and a Δ outlier held to a Benjamini-Hochberg bound over every comparison of
+the bundle (``discoveries``; issue 17). Across kernels, load imbalance (``imbalance``). Findings are
 ranked by impact (how much more critical-path time the flagged workers spend than the rest),
 the first sets the category (kernel: slow.compute, comm: slow.network, memory and Python:
 slow.host; imbalance: slow.host with a ``software`` culprit), and every finding becomes an
@@ -22,13 +24,24 @@ import numpy as np
 
 from collscope.nodeagent.bundle import models
 from collscope.operator.analysis import diagnosis, placement
-from collscope.operator.analysis.patterns import explain, imbalance, localise, table
+from collscope.operator.analysis.patterns import (
+    discoveries,
+    explain,
+    imbalance,
+    localise,
+    roles,
+    table,
+)
 
 
 @dataclass(frozen=True)
 class PatternSettings:
     localise: localise.LocaliseSettings = field(default_factory=localise.LocaliseSettings)
     imbalance: imbalance.ImbalanceSettings = field(default_factory=imbalance.ImbalanceSettings)
+    roles: roles.RoleSettings = field(default_factory=roles.RoleSettings)
+    discoveries: discoveries.DiscoverySettings = field(
+        default_factory=discoveries.DiscoverySettings
+    )
     culprits_per_function: int = 16
     max_culprits: int = 64
 
@@ -38,26 +51,59 @@ class PatternReport:
     table: table.PatternTable
     findings: tuple[localise.FunctionFinding, ...]  # most impact first
     imbalance: imbalance.Imbalance | None
+    roles: roles.Roles | None = None
+    sigma_only: tuple[localise.FunctionFinding, ...] = ()  # evidence only (``discoveries``)
+    cutoff: float = -1.0  # the BH cutoff on p-values (-1: nothing passed)
 
 
-def analyze(t: table.PatternTable, settings: PatternSettings = PatternSettings()) -> PatternReport:
-    """Every function's Eq. 11 verdict, plus the load-imbalance check."""
+def analyze(
+    t: table.PatternTable,
+    settings: PatternSettings = PatternSettings(),
+    *,
+    job: models.Job | None = None,
+) -> PatternReport:
+    """Every function's Eq. 11 verdict per role under the BH bound, plus load imbalance."""
     rng = np.random.default_rng(settings.localise.differential.seed)
     spans = t.spans()
     im = imbalance.detect(t, spans, settings.imbalance)
     skip = set() if im is None else {k.fn_id for k in im.kernels}
-    everyone = np.unique(t.rank)
+    rl = roles.derive(t, job, settings.roles)
+    tally = discoveries.Tally(settings.discoveries.fdr)
     found = []
     for fid, lo, hi in spans:
         if fid in skip:  # its spread is the imbalance, not some workers being different
             continue
+        # compared among the workers of the roles that run f: everyone for a function every
+        # role runs, one stage's workers for a function only that stage runs
+        runs = np.unique(rl.of[np.searchsorted(rl.ranks, t.rank[lo:hi])])
+        members, name = rl.ranks, ""
+        if runs.size < len(rl.names):
+            members = rl.ranks[np.isin(rl.of, runs)]
+            name = " and ".join(rl.names[int(r)] for r in runs)
         f = localise.function(
-            t, fid, lo=lo, hi=hi, s=settings.localise, rng=rng, all_ranks=everyone
+            t,
+            fid,
+            lo=lo,
+            hi=hi,
+            s=settings.localise,
+            rng=rng,
+            all_ranks=members,
+            tally=tally,
+            role=name,
+            role_of=(rl.ranks, rl.of),
         )
         if f is not None:
             found.append(f)
-    found.sort(key=lambda f: (-f.impact, f.fn))
-    return PatternReport(t, tuple(found), im)
+    cutoff = tally.cutoff()
+    held = [
+        g
+        for g in (localise.control(f, cutoff, settings.localise, rng) for f in found)
+        if g is not None
+    ]
+    kept = [f for f in held if f.ranks.size]
+    kept.sort(key=lambda f: (-f.impact, f.fn))
+    sig = tuple(f for f in held if f.sigma_only.size)
+    return PatternReport(t, tuple(kept), im, rl, sig, cutoff)
 
 
 def diagnose_patterns(
@@ -67,7 +113,7 @@ def diagnose_patterns(
     job: models.Job | None = None,
 ) -> diagnosis.Diagnosis:
     """The Diagnosis of docs/spec/bundle-v1.md from function patterns (see module docstring)."""
-    return to_diagnosis(analyze(t, settings), settings, job=job)
+    return to_diagnosis(analyze(t, settings, job=job), settings, job=job)
 
 
 def to_diagnosis(
@@ -82,13 +128,23 @@ def to_diagnosis(
         f"{settings.localise.differential.sample_max}, W), δ = "
         f"{settings.localise.differential.delta:g}, k = {settings.localise.differential.k:g}"
     )
+    summary += (
+        f"; Δ outliers held to Benjamini-Hochberg at q = {settings.discoveries.fdr:g} over "
+        "workers x functions x (β, μ, \u03c3)"
+    )
+    context = [explain.sigma_only_sentence(f) for f in report.sigma_only]
+    rl = report.roles
+    if rl is not None and len(rl.names) > 1:
+        context.insert(0, explain.roles_sentence(rl.names, rl.source))
     if not report.findings and report.imbalance is None:
         return diagnosis.Diagnosis(
             anomaly=False,
             evidence=[
                 summary,
                 "no function costs more than 1 % of the window while outside its expected "
-                "range or unlike most workers, and GPU kernels are balanced",
+                "range or unlike most workers of its role beyond what that many comparisons "
+                "produce, and GPU kernels are balanced",
+                *context,
             ],
         )
     culprits: list[diagnosis.Culprit] = []
@@ -123,7 +179,7 @@ def to_diagnosis(
         category=category.value.name,
         culprits=culprits[: settings.max_culprits],
         confidence=confidence,
-        evidence=[*evidence, summary],
+        evidence=[*evidence, *context, summary],
     )
 
 

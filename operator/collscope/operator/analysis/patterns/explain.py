@@ -77,9 +77,28 @@ def sentence(f: localise.FunctionFinding) -> str:
         why.append(f"Δ above {f.threshold:.2f} on {f.by_difference}")
     if f.by_expectation:
         why.append(f"outside {f.expected.describe()} on {f.by_expectation}")
+    among = f" among {f.role}" if f.role else ""
     return (
-        f"{f.fn} ({f.kind}): {how} on {ranks_text(f.ranks)} vs {others} elsewhere "
+        f"{f.fn} ({f.kind}): {how} on {ranks_text(f.ranks)} vs {others} elsewhere{among} "
         f"({f.ranks.size:,} of {f.workers:,} workers; {'; '.join(why)})"
+    )
+
+
+def sigma_only_sentence(f: localise.FunctionFinding) -> str:
+    """Workers unlike the rest in sigma alone: evidence, not culprits (``discoveries``)."""
+    among = f" among {f.role}" if f.role else ""
+    return (
+        f"{f.fn} ({f.kind}): only \u03c3 stands out on {ranks_text(f.sigma_only)}{among}, β and μ "
+        "ordinary: their utilisation fluctuates more but they are not slower (evidence, not a "
+        "culprit)"
+    )
+
+
+def roles_sentence(names: Sequence[str], source: str) -> str:
+    """How the workers were grouped before being compared (``roles``)."""
+    where = "job.json's pipeline stages" if source == "parallelism" else "their function sets"
+    return f"workers compared within {len(names)} roles from {where}: {'; '.join(names[:4])}" + (
+        f" (+{len(names) - 4} more)" if len(names) > 4 else ""
     )
 
 

@@ -9,15 +9,22 @@ paper's NIC-down case (§6.2 Problem 2) flags 40 workers of one ring by β, and 
 one with the distinctly lower μ (and low sigma: it does not wait, it *is* the slow link) is the
 faulty NIC. Such workers are ``distinct`` and lead the culprit list, when they differ from the
 other flagged workers in μ or sigma (hardware), not merely in β (how long).
+
+Issue 17 adds two things around Eq. 11. Workers are compared within their role (``roles``:
+the rows of ``function`` are those of one role's workers), and a worker flagged by Δ alone
+(not by D, which compares with nothing) must pass the false-discovery control of
+``discoveries`` (``control``): a β or μ beyond what the spread of all the bundle's comparisons
+produces makes it a culprit; sigma alone makes it evidence (``FunctionFinding.sigma_only``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from collscope.operator.analysis.patterns import differential, expectation, table
+from collscope.operator.analysis.patterns import differential, discoveries, expectation, table
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class FunctionFinding:
     threshold: float  # M + k·MAD of Δ
     d_max: float  # the largest D among flagged workers
     expected: expectation.ExpectedRange
+    by_d: table.Bool  # of the flagged ranks, D > 0 (same order)
+    p: table.F64  # (flagged, 3): p-values of the robust z of β, μ, sigma (``discoveries``)
+    role: str = ""  # the role whose workers f was compared among ("" : everyone)
+    sigma_only: table.I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def common(self) -> bool:
@@ -75,17 +86,26 @@ def function(
     s: LocaliseSettings,
     rng: np.random.Generator,
     all_ranks: table.I64 | None = None,
+    tally: discoveries.Tally | None = None,
+    role: str = "",
+    role_of: tuple[table.I64, table.I64] | None = None,
 ) -> FunctionFinding | None:
     """Eq. 11 over the rows ``lo:hi`` of ``t`` (one function); None when nothing is abnormal.
 
-    ``all_ranks`` (sorted): every worker of the job; those without a row for f never had it on
-    their critical path and count as (0, 0, 0), so a function seen on three workers only is
-    compared with all the others, not among those three.
+    ``all_ranks`` (sorted): the workers f is compared among (a role's, or the whole job's);
+    rows of other workers are left out, and those without a row for f never had it on their
+    critical path and count as (0, 0, 0), so a function seen on three workers only is compared
+    with all the others, not among those three. ``tally`` collects the p-values of every
+    active worker for the bundle-wide false-discovery control; ``role_of`` (sorted ranks, their
+    role) lets its z-scores measure each worker from its own role's median.
     """
     kind = t.fn_kind[fid]
     rng_ = s.ranges[kind]
     ranks = t.rank[lo:hi]
     beta, mu, sigma = t.beta[lo:hi], t.mu[lo:hi], t.sigma[lo:hi]
+    if all_ranks is not None:
+        keep = np.isin(ranks, all_ranks)
+        ranks, beta, mu, sigma = ranks[keep], beta[keep], mu[keep], sigma[keep]
     if all_ranks is not None and ranks.size < all_ranks.size:
         pos = np.searchsorted(all_ranks, ranks)
         beta, mu, sigma = (_spread(x, pos, all_ranks.size) for x in (beta, mu, sigma))
@@ -95,18 +115,20 @@ def function(
         return None
     d = expectation.distance(beta, mu, sigma, rng_)
     out = differential.analyse(beta, mu, sigma, s.differential, rng)
+    fdr = tally.fdr if tally is not None else 1.0
+    groups = None
+    if role_of is not None:
+        groups = role_of[1][np.searchsorted(role_of[0], ranks)]
+    p = discoveries.pvalues(beta, mu, sigma, fdr, groups)
+    if tally is not None:
+        tally.add(p[active])
     by_d = active & (d > 0)
     by_delta = active & out.mask
     flagged = by_d | by_delta
     if not flagged.any():
         return None
-    distinct = np.zeros(0, dtype=np.int64)
     idx = np.flatnonzero(by_delta)
-    if idx.size >= s.min_flagged_for_rerun:
-        again = differential.analyse(beta[idx], mu[idx], sigma[idx], s.differential, rng)
-        a, b = idx[again.mask], idx[~again.mask]
-        if 0 < a.size * 2 < idx.size and (_apart(mu[a], mu[b], s) or _apart(sigma[a], sigma[b], s)):
-            distinct = ranks[a]
+    distinct = ranks[_distinct(beta, mu, sigma, idx, s=s, rng=rng)]
     return FunctionFinding(
         fn=t.fns[fid],
         kind=kind,
@@ -123,6 +145,80 @@ def function(
         threshold=out.threshold,
         d_max=float(d[flagged].max()),
         expected=rng_,
+        by_d=by_d[flagged],
+        p=p[flagged],
+        role=role,
+    )
+
+
+def _distinct(
+    beta: table.F64,
+    mu: table.F64,
+    sigma: table.F64,
+    idx: table.I64,
+    *,
+    s: LocaliseSettings,
+    rng: np.random.Generator,
+) -> table.I64:
+    """The second Δ pass among the rows ``idx`` flagged by Δ: the rows that stand apart."""
+    if idx.size < s.min_flagged_for_rerun:
+        return np.zeros(0, dtype=np.int64)
+    again = differential.analyse(beta[idx], mu[idx], sigma[idx], s.differential, rng)
+    a, b = idx[again.mask], idx[~again.mask]
+    if 0 < a.size * 2 < idx.size and (_apart(mu[a], mu[b], s) or _apart(sigma[a], sigma[b], s)):
+        return a
+    return np.zeros(0, dtype=np.int64)
+
+
+def control(
+    f: FunctionFinding,
+    cutoff: float,
+    s: LocaliseSettings = LocaliseSettings(),
+    rng: np.random.Generator | None = None,
+) -> FunctionFinding | None:
+    """``f`` with the workers Δ alone flagged held to the BH ``cutoff`` (module docstring).
+
+    Kept: D > 0, or β or μ at or below the cutoff. Moved to ``sigma_only``: sigma alone at or
+    below it. None when no worker is kept and none is sigma-only. The second Δ pass
+    (``distinct``) is run again among the kept Δ outliers only: workers dropped here must not
+    decide who stands apart among the rest.
+    """
+    beta_mu = (f.p[:, :2] <= cutoff).any(axis=1)
+    keep = f.by_d | beta_mu
+    sig = ~keep & (f.p[:, 2] <= cutoff)
+    if keep.all():
+        return f
+    if not keep.any() and not sig.any():
+        return None
+    gone = ~keep
+    rest = tuple(
+        np.concatenate((r, x[gone])) for r, x in zip(f.rest, (f.beta, f.mu, f.sigma), strict=True)
+    )
+    kept = f.ranks[keep]
+    return dataclasses.replace(
+        f,
+        ranks=kept,
+        by_expectation=int(f.by_d[keep].sum()),
+        by_difference=int(np.count_nonzero(f.delta[keep] > f.threshold)),
+        beta=f.beta[keep],
+        mu=f.mu[keep],
+        sigma=f.sigma[keep],
+        delta=f.delta[keep],
+        distinct=kept[
+            _distinct(
+                f.beta[keep],
+                f.mu[keep],
+                f.sigma[keep],
+                np.flatnonzero(f.delta[keep] > f.threshold),
+                s=s,
+                rng=rng or np.random.default_rng(s.differential.seed),
+            )
+        ],
+        rest=(rest[0], rest[1], rest[2]),
+        d_max=float(f.d_max if f.by_d[keep].any() else 0.0),
+        by_d=f.by_d[keep],
+        p=f.p[keep],
+        sigma_only=f.ranks[sig],
     )
 
 

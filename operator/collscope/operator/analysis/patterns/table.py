@@ -20,6 +20,7 @@ _KIND_ID = {k: i for i, k in enumerate(KINDS)}
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+Bool = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)

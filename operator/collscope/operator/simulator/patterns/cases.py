@@ -16,6 +16,18 @@ around a healthy base with a few percent of noise; a case then changes some work
 - ``pin-memory`` (§6.2 P3): three random workers spend 23-33 % in pin_memory;
 - ``load-imbalance`` (§6.2 P4): every worker's kernels do a different amount of work (β x U[1,
   1.46]) at the same μ; the culprits are the busiest 5 % (most kernel β in all).
+
+Two properties of real jobs that every case can be given (issue 17: found on independent
+campaigns, both raised alarms on healthy jobs):
+
+- *pipeline roles* (``pp`` > 1): the workers form ``pp`` stages of contiguous ranks (Megatron's
+  order tp-cp-ep-dp-pp varies pp slowest). Only the first stage runs the embedding kernels and
+  the data loader, only the last the LM head's loss kernels (``STAGE_FUNCTIONS``: those workers
+  have rows for them, the others none), and the last stage's GEMMs carry the LM head too
+  (β x ``LAST_STAGE_GEMM``);
+- *a realistic spread of sigma* (``sigma_cv``): sigma is a standard deviation estimated from a
+  window of utilisation samples, so from worker to worker it spreads far more than β or μ; it
+  is drawn lognormal with this coefficient of variation (the default keeps the 5 % above).
 """
 
 from __future__ import annotations
@@ -58,13 +70,34 @@ FUNCTIONS: tuple[tuple[str, str, float, float, float], ...] = (
 FN = {name: i for i, (name, *_) in enumerate(FUNCTIONS)}
 GEMM, SENDRECV, PIN, GRADMODE, FLATPARAM = 0, 3, 6, 8, 9
 NOISE_CV = (0.03, 0.03, 0.05)  # relative noise of beta, mu, sigma on healthy workers
+# fn, kind, beta, mu, sigma, stage ("first" or "last"): run by one pipeline stage only
+STAGE_FUNCTIONS: tuple[tuple[str, str, float, float, float, str], ...] = (
+    (
+        "indexSelectLargeIndex<c10::BFloat16, long, unsigned int>",
+        "kernel",
+        0.03,
+        0.85,
+        0.06,
+        "first",
+    ),
+    ("embedding_backward_feature_kernel<c10::BFloat16>", "kernel", 0.02, 0.80, 0.08, "first"),
+    ("torch/utils/data/dataloader.py(631): __next__", "python", 0.004, 0.50, 0.10, "first"),
+    ("cunn_SoftMaxForward<4, c10::BFloat16, float>", "kernel", 0.04, 0.88, 0.05, "last"),
+    ("cunn_SoftMaxBackward<4, c10::BFloat16, float>", "kernel", 0.03, 0.86, 0.06, "last"),
+)
+LAST_STAGE_GEMM = 1.15  # the LM head's GEMMs on the last stage: more GEMM time there
 
 F64 = npt.NDArray[np.float64]
+Bool = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
 class Patterns:
-    """beta/mu/sigma as (workers, functions) matrices, plus the case's ground truth."""
+    """beta/mu/sigma as (workers, functions) matrices, plus the case's ground truth.
+
+    ``fns`` names the columns (name, kind); ``present[w, f]`` is False where worker w does not
+    run f at all (no row in functions.jsonl; its beta/mu/sigma there are 0).
+    """
 
     beta: F64
     mu: F64
@@ -73,27 +106,55 @@ class Patterns:
     culprit_fns: tuple[str, ...]
     expected_category: str | None
     detail: str
+    fns: tuple[tuple[str, str], ...] = tuple((f[0], f[1]) for f in FUNCTIONS)
+    present: Bool | None = None  # None: every worker runs every function
+    pp: int = 1
+
+    def rows(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], F64, F64, F64]:
+        """(rank, fn index, beta, mu, sigma) of every row functions.jsonl has, worker-major."""
+        w, f = self.beta.shape
+        keep = np.ones((w, f), dtype=bool) if self.present is None else self.present
+        r, c = np.nonzero(keep)
+        return r, c, self.beta[r, c], self.mu[r, c], self.sigma[r, c]
 
 
-def healthy(workers: int, rng: np.random.Generator) -> tuple[F64, F64, F64]:
+def stage_of(workers: int, pp: int) -> npt.NDArray[np.int64]:
+    """Pipeline stage of each worker: contiguous blocks (pp varies slowest)."""
+    return np.arange(workers) * pp // workers
+
+
+def healthy(
+    workers: int, rng: np.random.Generator, sigma_cv: float = NOISE_CV[2]
+) -> tuple[F64, F64, F64]:
     base = np.array([f[2:] for f in FUNCTIONS], dtype=np.float64)  # (fns, 3)
     cols = []
     for d in range(3):
         noise = 1.0 + NOISE_CV[d] * rng.standard_normal((workers, len(FUNCTIONS)))
+        if d == 2 and sigma_cv != NOISE_CV[2]:
+            s = float(np.sqrt(np.log1p(sigma_cv**2)))  # lognormal with this CV, mean 1
+            noise = np.exp(s * rng.standard_normal((workers, len(FUNCTIONS))) - s * s / 2)
         cols.append(np.clip(base[:, d] * noise, 0.0, 1.0))
     beta, mu, sigma = cols
     beta[:, SENDRECV] = rng.uniform(0.09, 0.16, workers)  # §6.2: SendRecv β spreads
     return beta, mu, sigma
 
 
-def generate(case: str, workers: int, seed: int) -> Patterns:
+def generate(
+    case: str, workers: int, seed: int, *, pp: int = 1, sigma_cv: float = NOISE_CV[2]
+) -> Patterns:
     """The patterns of ``case`` on ``workers`` workers (see module docstring)."""
     if case not in CASES:
         raise ValueError(f"unknown pattern case {case!r}; one of {', '.join(CASES)}")
     if workers < 16:
         raise ValueError(f"a pattern case needs at least 16 workers (got {workers})")
+    if pp < 1 or workers < 4 * pp:
+        raise ValueError(f"pp must be in [1, workers / 4] (got {pp} for {workers} workers)")
     rng = np.random.default_rng([seed, 7])
-    beta, mu, sigma = healthy(workers, rng)
+    beta, mu, sigma = healthy(workers, rng, sigma_cv)
+    work = np.ones(workers)  # load-imbalance: each worker's kernel work, stage kernels too
+    if pp > 1:
+        last = stage_of(workers, pp) == pp - 1
+        beta[last, GEMM] = np.clip(beta[last, GEMM] * LAST_STAGE_GEMM, 0.0, 1.0)
     ranks: tuple[int, ...] = ()
     fns: tuple[str, ...] = ()
     category: str | None = None
@@ -138,11 +199,47 @@ def generate(case: str, workers: int, seed: int) -> Patterns:
     elif case == "load-imbalance":
         factor = rng.uniform(1.0, 1.46, workers)
         kernels = [i for i, f in enumerate(FUNCTIONS) if f[1] == "kernel"]
+        work = factor / 1.23
         for k in kernels:
-            beta[:, k] = np.clip(beta[:, k] * factor / 1.23, 0, 1)
+            beta[:, k] = np.clip(beta[:, k] * work, 0, 1)
         busy = beta[:, kernels].sum(axis=1)  # the most GPU computation
         top = np.argsort(-busy)[: max(1, round(0.05 * workers))]
         ranks = tuple(sorted(int(r) for r in top))
         fns = tuple(FUNCTIONS[k][0] for k in kernels)
         category, detail = "slow.host", "uneven work per worker (β x U[1, 1.46]), same μ"
-    return Patterns(beta, mu, sigma, ranks, fns, category, detail)
+    if pp == 1:
+        return Patterns(beta, mu, sigma, ranks, fns, category, detail)
+    return _with_stages(Patterns(beta, mu, sigma, ranks, fns, category, detail), pp, rng, work)
+
+
+def _with_stages(p: Patterns, pp: int, rng: np.random.Generator, work: F64) -> Patterns:
+    """``p`` plus the stage-only functions, present on their stage's workers only.
+
+    ``work``: each worker's kernel-work factor (load-imbalance), applied to stage kernels too.
+    """
+    workers = p.beta.shape[0]
+    stage = stage_of(workers, pp)
+    cols: list[list[F64]] = [[p.beta], [p.mu], [p.sigma]]
+    present = [np.ones(p.beta.shape, dtype=bool)]
+    for _, kind, b, m, s, where in STAGE_FUNCTIONS:
+        on = stage == (0 if where == "first" else pp - 1)
+        for d, (base, cv) in enumerate(zip((b, m, s), NOISE_CV, strict=True)):
+            x: F64 = np.multiply(1.0 + cv * rng.standard_normal(workers), base)
+            if d == 0 and kind == "kernel":
+                x = x * work
+            x = np.clip(x, 0.0, 1.0)
+            cols[d].append(np.where(on, x, 0.0)[:, None])
+        present.append(on[:, None])
+    beta, mu, sigma = (np.hstack(c) for c in cols)
+    return Patterns(
+        beta,
+        mu,
+        sigma,
+        p.culprit_ranks,
+        p.culprit_fns,
+        p.expected_category,
+        p.detail + f"; {pp} pipeline stages",
+        fns=p.fns + tuple((f[0], f[1]) for f in STAGE_FUNCTIONS),
+        present=np.hstack(present),
+        pp=pp,
+    )

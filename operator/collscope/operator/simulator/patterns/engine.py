@@ -43,19 +43,17 @@ def job(workers: int) -> models.Job:
 
 
 def lines(p: cases.Patterns) -> str:
-    """functions.jsonl text: one line per (worker, function), worker-major."""
+    """functions.jsonl text: one line per (worker, function) the worker runs, worker-major."""
     out = []
-    w, f = p.beta.shape
-    names = [(n.replace("\\", "\\\\").replace('"', '\\"'), k) for n, k, *_ in cases.FUNCTIONS]
-    b, m, s = (np.round(x, 5).tolist() for x in (p.beta, p.mu, p.sigma))
-    for r in range(w):
-        br, mr, sr = b[r], m[r], s[r]
-        for i in range(f):
-            n, k = names[i]
-            out.append(
-                f'{{"rank":{r},"fn":"{n}","kind":"{k}","beta":{br[i]},"mu":{mr[i]},'
-                f'"sigma":{sr[i]},"window_ns":{WINDOW_NS}}}\n'
-            )
+    names = [(n.replace("\\", "\\\\").replace('"', '\\"'), k) for n, k in p.fns]
+    rank, fn, *cols = p.rows()
+    b, m, s = (np.round(x, 5).tolist() for x in cols)
+    for r, i, br, mr, sr in zip(rank.tolist(), fn.tolist(), b, m, s, strict=True):
+        n, k = names[i]
+        out.append(
+            f'{{"rank":{r},"fn":"{n}","kind":"{k}","beta":{br},"mu":{mr},'
+            f'"sigma":{sr},"window_ns":{WINDOW_NS}}}\n'
+        )
     return "".join(out)
 
 
