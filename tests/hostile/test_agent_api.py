@@ -1,0 +1,168 @@
+"""A tenant against the node agent's API (issue 15 item 1). A real agent over TLS asks a real
+``auth.KubeReviewer`` to review tokens. That reviewer talks to an API server stand-in that
+speaks authentication.k8s.io/v1 and authorization.k8s.io/v1 (test_auth.py's ``FakeApiServer``):
+the operator's token is allowed everything, a tenant's ServiceAccount token is authenticated but
+allowed nothing.
+
+Unauthenticated, forged and wrongly authorized requests to the endpoints that pause processes
+or give away other tenants' data (``/v1/stacks``, ``/v1/flightrecorder``, ``/v1/window``,
+``/v1/export``) are refused before any work. py-spy never runs for them. Meanwhile the operator
+keeps being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import ssl
+import threading
+from collections.abc import Iterator, Sequence
+
+import httpx
+import pydantic
+import pytest
+from aiohttp import web
+from tests.unit.nodeagent import test_auth, test_server_limits
+
+from collscope.nodeagent import agent, auth, settings, stacks
+
+ENDPOINTS = [
+    ("POST", "/v1/stacks", {"pids": [1]}),
+    ("POST", "/v1/flightrecorder", {}),
+    ("GET", "/v1/window", None),
+    ("GET", "/v1/export", None),
+    ("GET", "/v1/ranks", None),
+    ("GET", "/metrics", None),
+]
+
+
+class ApiServerThread:
+    """``test_auth.FakeApiServer`` on its own event loop thread (the agent runs in another)."""
+
+    def __init__(self) -> None:
+        self.fake = test_auth.FakeApiServer(
+            users={"op-token": test_auth.OPERATOR, "tenant-token": "system:serviceaccount:ml:t"},
+            allowed={(test_auth.OPERATOR, "get", "agents/data"),
+                     (test_auth.OPERATOR, "create", "agents/stacks"),
+                     (test_auth.OPERATOR, "create", "agents/flightrecorder"),
+                     (test_auth.OPERATOR, "get", "/metrics")},
+        )  # fmt: skip
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.url = ""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self.fake.tokenreviews)
+        app.router.add_post(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews", self.fake.subjectaccessreviews
+        )
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        self.ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.runner.cleanup())
+        self.loop.close()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+class CountingStacks:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, pids: Sequence[int], timeout_s: float) -> pydantic.BaseModel:
+        self.calls += 1
+        return stacks.StacksReport(groups=[])
+
+
+class Node:
+    def __init__(self, url: str, ca: pathlib.Path, pyspy: CountingStacks) -> None:
+        self.url, self.ca, self.pyspy = url, ca, pyspy
+
+    def client(self, token: str | None) -> httpx.Client:
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        verify = ssl.create_default_context(cafile=str(self.ca))
+        return httpx.Client(base_url=self.url, headers=headers, verify=verify, timeout=10)
+
+
+@pytest.fixture
+def node(tmp_path: pathlib.Path) -> Iterator[Node]:
+    api = ApiServerThread()
+    token = tmp_path / "agent-token"
+    token.write_text(test_auth.AGENT_TOKEN)
+    crt, key = test_server_limits.self_signed(tmp_path / "tls", "agent.test")
+    cfg = test_server_limits.config(
+        tmp_path / "trace", tls=settings.TLSSettings(cert_file=str(crt), key_file=str(key))
+    )
+    pyspy = CountingStacks()
+    reviewer = auth.KubeReviewer(api.url, auth.TokenFile(str(token)))
+    a = agent.Agent(cfg, stacks_dumper=pyspy, proc_root=None, reviewer=reviewer)
+    a.start()
+    host, port = a.server.address
+    try:
+        yield Node(f"https://{host}:{port}", crt, pyspy)
+    finally:
+        a.stop()
+        api.stop()
+
+
+@pytest.mark.parametrize("token", [None, "forged-token", "tenant-token"])
+def test_tenant_requests_are_refused_before_any_work(node: Node, token: str | None) -> None:
+    want = 403 if token == "tenant-token" else 401
+    with node.client(token) as c:
+        for method, path, body in ENDPOINTS:
+            r = c.request(method, path, json=body)
+            assert r.status_code == want, (path, r.text)
+            assert r.json()["error"], path  # an ErrorResponse, not a traceback
+    assert node.pyspy.calls == 0
+    with node.client("op-token") as c:  # the operator is still served
+        assert c.post("/v1/stacks", json={"pids": [1]}).status_code in (200, 400)
+        assert c.get("/v1/ranks").status_code == 200
+
+
+def test_a_token_in_the_wrong_place_or_shape_is_no_token(node: Node) -> None:
+    tricks = [
+        {"Authorization": "Basic b3AtdG9rZW46"},
+        {"Authorization": "Bearer op-token extra"},
+        {"X-Forwarded-User": test_auth.OPERATOR},
+        {"Impersonate-User": test_auth.OPERATOR},
+    ]
+    with node.client(None) as c:
+        for headers in tricks:
+            assert c.get("/v1/window", headers=headers).status_code == 401, headers
+        assert c.get("/v1/window", params={"access_token": "op-token"}).status_code == 401
+
+
+def test_a_refused_tenant_does_not_crowd_out_the_operator(node: Node) -> None:
+    """A tenant hammering with tokens the API server must review: the operator's pulls,
+    answered from the cache, still come back."""
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with node.client(None) as c:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                c.get("/v1/window", headers={"Authorization": f"Bearer forged-{i}"})
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        with node.client("op-token") as c:
+            for _ in range(20):
+                assert c.get("/v1/summaries", params={"window_s": "1"}).status_code == 200
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
