@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import pytest
 
-from collscope.operator import jobs, settings
+from collscope.operator import jobs, policy, settings
 from collscope.operator.onebox import box, nccl
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -48,6 +48,9 @@ FAST = settings.Settings(
     agents=settings.AgentSettings(timeout_s=1.0, retries=0),
     stacks_timeout_s=1.0,
     flight_recorder_timeout_s=1.0,
+    # The hardware re-check 2 s after the corroboration instead of 30 s: the same path within
+    # the scenarios' time (the one-box faults' hardware side lasts until the run ends).
+    remediation=policy.RemediationPolicy(confirm_delay_s=2.0),
 )
 
 

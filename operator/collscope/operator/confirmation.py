@@ -16,16 +16,22 @@ Fault symptoms (what a healthy device under any load does not show):
 
 - GPU: lost (``gpu_lost``); an XID of the hardware kind (``HARDWARE_XIDS``: not 13/31/43/45,
   which a crashing or killed application causes); uncorrected ECC errors; clocks-event reasons
-  with a hardware slowdown, thermal or power-brake bit; a PCIe link narrower than its maximum,
+  with a hardware slowdown, thermal or power-brake bit; a software power cap holding its SM
+  clock well below the node's other GPUs' (a lowered limit; a busy GPU at its TDP runs as fast
+  as its busy peers); a PCIe link narrower than its maximum,
   or at a lower generation than its maximum while another GPU of the node runs at its own
   (an idle GPU lowers its generation to save power, so a lone GPU is not judged by it);
 - NIC: link down; a link speed below its own earlier sample in the window or below the node's
   usual NIC speed; error counters rising (``ERROR_COUNTERS``, each with its own threshold).
 
 Load symptoms (``kind == "load"``) explain a slowdown without a faulty device: a NIC sending
-several times what the node's other NICs send (traffic that is not the job's), a GPU held at
-its software power cap (what a busy GPU does, and what an administrator's limit does). A
-verdict with load symptoms and no fault is tenant contention: never a mark.
+several times what the node's other NICs send (traffic that is not the job's), a GPU at its
+software power cap running as fast as its peers (what a busy GPU does). A verdict with load
+symptoms and no fault is tenant contention: never a mark.
+
+Persistence of an XID: the ones whose documented recovery is a GPU reset or a reboot
+(``STICKY_XIDS``) hold while the agent still counts them (``xid_events_total`` above 0 in the
+re-check's samples: no reset, no agent restart in between); the others only if one comes again.
 
 The culprit's device: ``gpu`` (index) and ``nic`` from job.json's device map when known; when
 not, the node's only device of that kind, if it has exactly one; otherwise the verdict cannot
@@ -49,6 +55,11 @@ from collscope.operator.analysis import diagnosis
 # purpose: 13 (graphics engine exception), 31 (MMU fault), 43 (reset channel), 45 (preemptive
 # cleanup: what killing a CUDA process leaves), all caused by applications.
 HARDWARE_XIDS: Final = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
+# Of those, the XIDs NVIDIA documents as needing a GPU reset or a node reboot to clear.
+STICKY_XIDS: Final = frozenset({48, 62, 79, 95, 119, 120, 140})
+# A power-capped GPU whose SM clock is below this share of its node's other GPUs' median runs
+# under a lowered limit, not at a busy GPU's TDP (the one-box cap: 1100 of 1980 MHz).
+CAPPED_CLOCK_SHARE: Final = 0.8
 SW_POWER_CAP: Final = 0x4  # NVML clocks-event reason bits (nvml.h)
 HW_SLOWDOWN: Final = 0x8 | 0x40 | 0x80  # hardware slowdown, hardware thermal, power brake
 # Error counters and how much one must rise within a window to be a fault. A link that went
@@ -185,7 +196,8 @@ def _gpu(dev: str, s: dict[tuple[str, str], list[float]], gpus: list[str]) -> li
         out.append(Symptom(dev, "gpu_lost", "fault", f"{dev} is lost (fell off the bus)"))
     xids = sorted({int(v) for v in s.get((dev, "xid"), []) if int(v) in HARDWARE_XIDS})
     if xids:
-        out.append(Symptom(dev, "xid", "fault", f"{dev} reported XID {', '.join(map(str, xids))}"))
+        key = "xid_sticky" if set(xids) & STICKY_XIDS else "xid"
+        out.append(Symptom(dev, key, "fault", f"{dev} reported XID {', '.join(map(str, xids))}"))
     ecc = _last(s, dev, "ecc_uncorrected_errors_total")
     if ecc is not None and ecc > 0:
         out.append(Symptom(dev, "ecc", "fault", f"{dev} has {ecc:g} uncorrected ECC errors"))
@@ -194,8 +206,18 @@ def _gpu(dev: str, s: dict[tuple[str, str], list[float]], gpus: list[str]) -> li
         text = f"{dev} is slowed by hardware (clocks-event reasons {int(reasons):#x})"
         out.append(Symptom(dev, "hw_slowdown", "fault", text))
     elif reasons is not None and int(reasons) & SW_POWER_CAP:
-        text = f"{dev} runs at its software power cap (reasons {int(reasons):#x}): load or a limit"
-        out.append(Symptom(dev, "power_cap", "load", text))
+        clock = _last(s, dev, "sm_clock_mhz")
+        peers = sorted(c for g in gpus if g != dev and (c := _last(s, g, "sm_clock_mhz")))
+        usual = peers[len(peers) // 2] if peers else None
+        if clock is not None and usual is not None and clock < CAPPED_CLOCK_SHARE * usual:
+            text = (
+                f"{dev} is held at its software power cap, SM clock {clock:g} MHz against "
+                f"{usual:g} MHz on the node's other GPUs: a lowered power limit"
+            )
+            out.append(Symptom(dev, "power_capped", "fault", text))
+        else:
+            text = f"{dev} runs at its software power cap (reasons {int(reasons):#x}) as fast "
+            out.append(Symptom(dev, "power_cap", "load", text + "as its peers: load"))
     width, width_max = _last(s, dev, "pcie_link_width"), _last(s, dev, "pcie_link_width_max")
     if width is not None and width_max is not None and width < width_max:
         text = f"{dev} runs its PCIe link at x{width:g} of x{width_max:g}"
@@ -288,6 +310,18 @@ def recheck(first: Sequence[Symptom], records: Sequence[models.HwRecord]) -> Fin
     if not records:
         return Finding("NotPersistent", "no hardware samples at the re-check", devices)
     now = [x for x in symptoms(records, devices) if (x.device, x.key) in wanted]
+    s = _series(records)
+    for x in first:
+        counted = (s.get((x.device, "xid_events_total")) or [0.0])[-1]
+        seen = {(n.device, n.key) for n in now}
+        if (
+            x.key == "xid_sticky"
+            and x.kind == "fault"
+            and counted > 0
+            and ((x.device, x.key) not in seen)
+        ):
+            text = f"{x.text}, not cleared since (no GPU reset: {counted:g} XIDs counted)"
+            now.append(Symptom(x.device, x.key, "fault", text))
     if now:
         return Finding("Persistent", "; ".join(x.text for x in now), devices, tuple(now))
     gone = "; ".join(x.text for x in first if x.kind == "fault")

@@ -289,7 +289,7 @@ async def remediate(
         step = await rem.remediate(
             f"{namespace}/{name}", result, overrides, pending=pending,
             conditions=conditions, generation=generation,
-            hardware=hardware_source(memo), window_s=window_s,
+            hardware=hardware_source(memo, (namespace, job)), window_s=window_s,
         )  # fmt: skip
     except (errors.KubeError, errors.RemediationError) as e:
         raise kopf.TemporaryError(f"remediation: {e}", delay=5) from e
@@ -317,9 +317,11 @@ async def remediate(
     pendings.pop(uid, None)
 
 
-def hardware_source(memo: kopf.Memo) -> remediator.HardwareSource:
+def hardware_source(memo: kopf.Memo, job: jobs.JobKey) -> remediator.HardwareSource:
     """The hardware samples of a node from its agent (``AgentClient.hardware``), the agent
-    found from the Node's InternalIP; ``memo.hardware`` replaces it (tests, the one-box)."""
+    found from the Node's InternalIP, else from the host IP of the job's pods there (the job
+    may be gone by the re-check: the Node's address comes first); ``memo.hardware`` replaces
+    it (tests)."""
     injected: remediator.HardwareSource | None = memo.get("hardware")
     if injected is not None:
         return injected
@@ -330,7 +332,8 @@ def hardware_source(memo: kopf.Memo) -> remediator.HardwareSource:
         obj = await api.get_node(node) or {}
         addresses = (obj.get("status") or {}).get("addresses") or []
         ip = next((str(a.get("address")) for a in addresses if a.get("type") == "InternalIP"), "")
-        url = memo.directory(node, ip)
+        pods: jobs.Pods = memo.pods
+        url = memo.directory(node, ip or pods.nodes(job).get(node, ""))
         if url is None:
             raise errors.AgentUnreachable(f"no agent URL for node {node}")
         client = agents.AgentClient(node, url, timeout_s=cfg.agents.timeout_s + 2.0, retries=1)

@@ -56,7 +56,8 @@ def nic(name: str | None = "mlx5_1") -> diagnosis.Culprit:
         (nic("mlx5_1:1"), hw("mlx5_1/1", "nic_link_speed_gbps", 400, 200), "link_speed"),
         (nic(), hw("mlx5_1/1", "rdma_link_downed", 0, 1), "rdma_link_downed"),
         (nic(), hw("mlx5_1/1", "rdma_symbol_error", 3, 500), "rdma_symbol_error"),
-        (gpu(), hw("gpu1", "xid", 79), "xid"),
+        (gpu(), hw("gpu1", "xid", 79), "xid_sticky"),
+        (gpu(), hw("gpu1", "xid", 92), "xid"),
         (gpu(), hw("gpu1", "gpu_lost", 0), "gpu_lost"),
         (gpu(), hw("gpu1", "ecc_uncorrected_errors_total", 0, 2), "ecc"),
         (gpu(), hw("gpu1", "clocks_event_reasons", 0, 0x40), "hw_slowdown"),
@@ -99,6 +100,16 @@ def test_another_tenants_traffic_is_contention_not_a_fault() -> None:
     assert "traffic that is not this job's" in found.message
 
 
+def test_a_power_cap_holding_the_clock_below_its_peers_is_a_fault() -> None:
+    clocks = hw("gpu0", "sm_clock_mhz", 1980) + hw("gpu1", "sm_clock_mhz", 1100)
+    capped = healthy() + clocks + hw("gpu1", "clocks_event_reasons", 0x4)
+    found = confirmation.judge(gpu(), capped)
+    assert found.reason == "Corroborated" and [s.key for s in found.faults] == ["power_capped"]
+    busy = healthy() + hw("gpu0", "sm_clock_mhz", 1980) + hw("gpu1", "sm_clock_mhz", 1900)
+    busy += hw("gpu1", "clocks_event_reasons", 0x4)
+    assert confirmation.judge(gpu(), busy).reason == "TenantContention"
+
+
 def test_power_cap_is_load_and_a_node_wide_slowdown_is_contention() -> None:
     capped = healthy() + hw("gpu1", "clocks_event_reasons", 0x4)
     assert confirmation.judge(gpu(), capped).reason == "TenantContention"
@@ -133,11 +144,22 @@ def test_persistence_lost_when_the_link_came_back() -> None:
 
 
 def test_an_event_holds_only_when_it_happens_again() -> None:
-    first = confirmation.judge(gpu(), healthy() + hw("gpu1", "xid", 79))
+    first = confirmation.judge(gpu(), healthy() + hw("gpu1", "xid", 92))
     assert confirmation.recheck(first.symptoms, hw("gpu1", "xid_events_total", 1, 1)).reason == (
         "NotPersistent"
     )
-    assert confirmation.recheck(first.symptoms, hw("gpu1", "xid", 79)).reason == "Persistent"
+    assert confirmation.recheck(first.symptoms, hw("gpu1", "xid", 92)).reason == "Persistent"
+
+
+def test_an_xid_that_needs_a_reset_holds_until_one() -> None:
+    """XID 119 (GSP timeout) is cleared by a GPU reset only: it holds while the agent still
+    counts it; a count back at 0 (reset, or the agent restarted) does not."""
+    first = confirmation.judge(gpu(), healthy() + hw("gpu1", "xid", 119))
+    again = confirmation.recheck(first.symptoms, hw("gpu1", "xid_events_total", 1, 1))
+    assert again.reason == "Persistent" and "not cleared since" in again.message
+    assert confirmation.recheck(first.symptoms, hw("gpu1", "xid_events_total", 0)).reason == (
+        "NotPersistent"
+    )
     # A different fault at the re-check is not the same symptom persisting.
     other = hw("gpu1", "pcie_link_width", 8) + hw("gpu1", "pcie_link_width_max", 16)
     assert confirmation.recheck(first.symptoms, other).reason == "NotPersistent"
