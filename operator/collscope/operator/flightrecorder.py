@@ -17,6 +17,23 @@ completed collective sequence numbers) and, for the operation's name, from the n
 by its ``desc`` when torch has one (``default_pg``, DeviceMesh's ``mesh_dp``, Megatron's group
 names), else by its name, so ranks of different TP groups in the same state fall together.
 
+Keys (torch 2.13, ``FlightRecorder.hpp``): ``pg_status`` and the entries' ``pg_id`` use a
+per-process counter of the process groups this rank created, while ``pg_config`` is keyed by
+the group's *name*, which is the same on every member (``new_group`` counts groups on every
+rank, members or not). Rank 0 of TP groups [0,1] and [2,3] thus has pg_id 1 for group "1",
+rank 2 pg_id 1 for group "2". The id is mapped to its name through the entries' own
+``process_group`` (name, desc), never by equating id and name; only a dump whose entries carry
+no name (older torch) falls back to ``pg_config`` looked up by id.
+
+A collective that ended without completing is not "last completed". torch counts it in
+``last_completed_collective`` all the same once its work is gone: NCCL after a timeout (the
+entry is then retired but not completed, torch's own definition of timed out), gloo after its
+timeout or an abort (gloo records no completion per entry at all). Two rules catch it: the
+rank's entry for that sequence number is retired and not completed while other entries of the
+dump did complete (NCCL), or another dumped member of the same named group never even enqueued
+that sequence number, so it cannot have completed anywhere (any backend). Such a collective
+reads "AllReduce seq 4 did not complete (timed out or aborted)".
+
 Pure: dumps arrive as the agent's JSON (``frdump.RankDump`` shape, read defensively since the
 agent may be older or newer), no HTTP, no kopf. Everything returned is capped so that a
 1,024-rank job still makes a Diagnosis of a few kilobytes.
@@ -26,7 +43,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 # Ranks asked per Diagnosis: a hang is read within its communicator, and 256 covers the
@@ -42,7 +59,8 @@ NOTE_MAX_CHARS: Final = 300
 SUMMARY_MAX_CHARS: Final = 1024
 _UNNAMED_DESC = ("", "undefined")  # torch's desc when new_group got no group_desc
 
-State = Literal["scheduled", "started", "completed"]
+# "failed": counted as completed by torch but ended without completing (see above).
+State = Literal["scheduled", "started", "completed", "failed"]
 
 
 @dataclass(frozen=True, order=True)
@@ -53,11 +71,17 @@ class PgState:
     seq: int
     state: State
     op: str = ""  # "AllReduce"; "" when the entry is no longer in the dump
+    # The group's name, the same on every member ("" when unknown): which ranks' counters
+    # can be compared. Not part of the state, so TP groups in the same state fall together.
+    name: str = field(default="", compare=False)
+    enqueued: int = field(default=-1, compare=False)  # last collective this rank enqueued
 
     def text(self) -> str:
         op = f"{self.op} " if self.op else ""
         if self.state == "completed":
             return f"last completed {op}seq {self.seq}"
+        if self.state == "failed":
+            return f"{op}seq {self.seq} did not complete (timed out or aborted)"
         started = ", kernel started" if self.state == "started" else ""
         return f"entered {op}seq {self.seq}{started}"
 
@@ -101,13 +125,29 @@ def _items(v: Any) -> list[Mapping[str, Any]]:
     return [x for x in v if isinstance(x, Mapping)] if isinstance(v, list) else []
 
 
-def rank_state(dump: Mapping[str, Any]) -> RankState:
-    """The last collective of each process group of one rank's dump (``RankDump`` JSON): of
-    the groups with a collective in flight when there is one, else of all its groups."""
-    labels: dict[str, str] = {}
-    for pg in _items(dump.get("pg_config")):
-        pid, desc = str(pg.get("id", "")), str(pg.get("desc") or "")
-        labels[pid] = desc if desc not in _UNNAMED_DESC else str(pg.get("name") or pid)
+def _pg_names(dump: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """pg_id (per-process counter) -> (name, desc), from the entries' ``process_group``; for
+    dumps whose entries carry no name, ``pg_config`` looked up by id (older torch)."""
+    out: dict[str, tuple[str, str]] = {}
+    for e in _items(dump.get("entries")):
+        pg_id, name = e.get("pg_id"), str(e.get("pg_name") or "")
+        if pg_id is not None and name:
+            out[str(pg_id)] = (name, str(e.get("pg_desc") or ""))
+    config = {str(pg.get("id", "")): pg for pg in _items(dump.get("pg_config"))}
+    named = {
+        pid: (n, d or str((config.get(n) or {}).get("desc") or "")) for pid, (n, d) in out.items()
+    }
+    if not named:
+        named = {
+            pid: (str(pg.get("name") or pid), str(pg.get("desc") or ""))
+            for pid, pg in config.items()
+        }
+    return named
+
+
+def pg_states(dump: Mapping[str, Any]) -> list[PgState]:
+    """The last collective of every process group of one rank's dump (``RankDump`` JSON)."""
+    names = _pg_names(dump)
     enqueued: dict[str, int] = {}
     started: dict[str, int] = {}
     completed: dict[str, int] = {}
@@ -119,15 +159,21 @@ def rank_state(dump: Mapping[str, Any]) -> RankState:
             seq = _int(st.get(key))
             if seq is not None:
                 into[pid] = seq
-    names: dict[tuple[str, int], str] = {}
-    for e in _items(dump.get("entries")):
+    ops: dict[tuple[str, int], str] = {}
+    ended: set[tuple[str, int]] = set()  # retired but not completed: torch's "timed out"
+    entries = _items(dump.get("entries"))
+    # gloo never marks an entry completed: "retired, not completed" means nothing there.
+    tracks_completion = any(e.get("state") == "completed" for e in entries)
+    for e in entries:
         seq, pg_id = _int(e.get("collective_seq_id")), e.get("pg_id")
         if seq is None or pg_id is None or e.get("is_p2p"):
             continue
         pid = str(pg_id)
-        names[(pid, seq)] = op_name(str(e.get("profiling_name") or ""))
-        # Older dumps without pg_status: the entries' states give the same counters.
+        ops[(pid, seq)] = op_name(str(e.get("profiling_name") or ""))
         entry_state = str(e.get("state") or "")
+        if tracks_completion and e.get("retired") is True and entry_state != "completed":
+            ended.add((pid, seq))
+        # Older dumps without pg_status: the entries' states give the same counters.
         enqueued[pid] = max(enqueued.get(pid, -1), seq)
         if entry_state in ("started", "completed"):
             started[pid] = max(started.get(pid, -1), seq)
@@ -141,12 +187,46 @@ def rank_state(dump: Mapping[str, Any]) -> RankState:
             seq = enq
         else:
             assert done is not None
-            state, seq = "completed", done
-        out.append(PgState(labels.get(pid, pid), seq, state, names.get((pid, seq), "")))
+            state, seq = ("failed" if (pid, done) in ended else "completed"), done
+        name, desc = names.get(pid, ("", ""))
+        label = desc if desc not in _UNNAMED_DESC else (name or pid)
+        top = max(enq if enq is not None else -1, done if done is not None else -1)
+        out.append(PgState(label, seq, state, ops.get((pid, seq), ""), name=name, enqueued=top))
+    return out
+
+
+def rank_state(dump: Mapping[str, Any]) -> RankState:
+    """The last collective of each process group of one rank's dump (``RankDump`` JSON): of
+    the groups with a collective in flight when there is one, else of all its groups."""
+    return _waiting(pg_states(dump))
+
+
+def _waiting(states: Iterable[PgState]) -> RankState:
     # A rank waiting in a collective is described by what it waits in; its other groups'
     # completed counters differ between TP/PP groups and would split every group of ranks.
+    out = list(states)
     waiting = [s for s in out if s.state != "completed"]
     return tuple(sorted(waiting or out))
+
+
+def unmatched(by_rank: Mapping[int, Sequence[PgState]]) -> dict[int, list[PgState]]:
+    """``by_rank`` with "completed" turned "failed" where another dumped member of the same
+    named group never enqueued that collective: a collective completes on all members or on
+    none, so it ended by a timeout or an abort (gloo's case, whose entries never complete)."""
+    lowest: dict[str, int] = {}
+    for states in by_rank.values():
+        for s in states:
+            if s.name:
+                lowest[s.name] = min(lowest.get(s.name, s.enqueued), s.enqueued)
+    return {
+        r: [
+            replace(s, state="failed")
+            if s.state == "completed" and s.name and s.seq > lowest[s.name]
+            else s
+            for s in states
+        ]
+        for r, states in by_rank.items()
+    }
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
@@ -183,7 +263,7 @@ def summarise(
     ``unreachable``: node -> why its agent gave nothing (no agent, HTTP error, no Flight
     Recorder capability). Every asked rank ends in a group or in a note.
     """
-    states: dict[int, RankState] = {}
+    all_states: dict[int, list[PgState]] = {}
     notes: list[str] = []
     for node, why in sorted((unreachable or {}).items()):
         ranks = asked.get(node, ())
@@ -198,10 +278,11 @@ def summarise(
         for d in _items(report.get("dumps")):
             r = _int(d.get("rank"))
             if r is not None and r in wanted:
-                states[r] = rank_state(d)
-        for r in sorted(wanted - set(states)):
+                all_states[r] = pg_states(d)
+        for r in sorted(wanted - set(all_states)):
             why = failed.get(r, "the agent returned neither a dump nor an error")
             notes.append(f"rank {r} on {node}: no Flight Recorder dump: {why}")
+    states = {r: _waiting(st) for r, st in unmatched(all_states).items()}
     by_state: dict[RankState, list[int]] = defaultdict(list)
     for r, st in states.items():
         by_state[st].append(r)
