@@ -22,6 +22,7 @@ from collscope.operator import errors
 from collscope.operator.simulator import config as collective_config
 
 FaultKind = Literal["congested-switch", "slow-group", "slow-job"]
+RingPacing = Literal["ring", "link"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("congested-switch", "slow-group", "slow-job")
 FAULT_SUMMARY: dict[FaultKind, str] = {
     "congested-switch": "every flow through one switch (leaf or spine) moves SEVERITY x slower",
@@ -45,6 +46,13 @@ class Fabric:
     efficiency: float = 0.9  # share of line rate a long RDMA flow achieves
     rate_jitter: float = 0.03  # lognormal sigma of each flow's achieved rate
     latency_us: float = 6.0  # one way through the fabric
+    # How long each DP ring link's flow lasts. "ring": the bucket's time on every link. NCCL's
+    # ring is pipelined and flow-controlled (a few slices in flight per link), so every link
+    # moves at the slowest link's pace and a collector's flow records (first to last packet)
+    # all last alike. "link": each link's own transfer time, the ring still waiting for the
+    # slowest: how generators that time each hop alone model it (issue 17's independent
+    # campaign), where a slow NIC shows as the two slow hops it carries.
+    ring_pacing: RingPacing = "ring"
 
     @property
     def leaves(self) -> int:

@@ -11,8 +11,8 @@ stage of a replica is one server):
 - when every replica has finished its last backward on stage ``s``, each DP group (stage ``s``,
   TP rank ``t``) all-reduces its gradients bucket after bucket on a ring ``d -> d + 1``: one
   flow per ring link per bucket, ``2 (dp - 1) / dp`` of the bucket, of a different size per
-  bucket (DP). A ring moves at the pace of its slowest link, so every link's flow lasts the
-  bucket's time;
+  bucket (DP). A ring moves at the pace of its slowest link: every link's flow lasts the
+  bucket's time (``Fabric.ring_pacing`` "ring"), or its own transfer time ("link");
 - then the optimizer; the server's step ends (ground truth, what a training log prints) when
   all its GPUs have synchronised and stepped, and the next step starts.
 
@@ -209,7 +209,8 @@ def _dp_sync(
             link = fab.transfer_s(src, dst, float(nbytes), start, slow=slow, rng=rng)
             bucket = link.max(axis=0)  # [tp]: the ring's pace is its slowest link's
             offset = rng.uniform(0.0, 20e-6, (dp, tp))
-            dur = bucket[None, :] * rng.uniform(0.97, 1.0, (dp, tp)) - offset
+            paced = link if fab.cfg.ring_pacing == "link" else bucket[None, :]
+            dur = paced * rng.uniform(0.97, 1.0, (dp, tp)) - offset
             out.add(src, dst, start + offset, np.maximum(dur, 1e-6), nb=nbytes, kind=DP)
             t0 = t0 + bucket + rng.uniform(*BUCKET_GAP_S, tp)
         synced[s] = t0[None, :]
