@@ -4,15 +4,18 @@ PyTorch (``ProcessGroupNCCL.hpp`` ``DumpPipe``): when a rank runs with
 ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE=<stem>`` and a trace buffer (``TORCH_NCCL_TRACE_BUFFER_SIZE``
 > 0), it makes a FIFO ``<stem><rank>.pipe`` (``rank``: the global rank) and polls it; any byte
 written makes it dump its trace to ``<prefix><rank>``, the prefix being
-``TORCH_FR_DUMP_TEMP_FILE`` or the older ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (default
-``/tmp/nccl_trace_rank_``). The paths are the container's, taken from its environment, and
-everything along them is the tenant's: they are resolved inside the container's root
-(``/proc/<pid>/root``) by ``rootfs`` (never through a symlink as last component, never out of
-the root, the pipe only if a FIFO, the dump only if a regular file, without blocking, size
-capped). torch writes the dump in place, so a dump counts as collected once the file changed
-since the poke and parses as a whole pickle (``frdump``: plain containers only, in a child under
-CPU, memory and time limits). Every failure is one rank's: the other ranks' dumps still come
-back.
+``TORCH_FR_DUMP_TEMP_FILE`` or the older ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``, by default
+``$XDG_CACHE_HOME/torch/comm_lib_trace_rank_``, ``$XDG_CACHE_HOME`` defaulting to
+``$HOME/.cache`` and ``$HOME`` to ``/tmp`` (``DebugInfoWriter::getWriter``; its strings are in
+torch 2.13's ``libtorch_cpu.so``; older torch wrote ``/tmp/nccl_trace_rank_``, which a pod of
+older torch now has to name in ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``). The paths are the
+container's, taken from its environment, and everything along them is the tenant's: they are
+resolved inside the container's root (``/proc/<pid>/root``) by ``rootfs`` (never through a
+symlink as last component, never out of the root, the pipe only if a FIFO, the dump only if a
+regular file, without blocking, size capped). torch writes the dump in place, so a dump counts
+as collected once the file changed since the poke and parses as a whole pickle (``frdump``:
+plain containers only, in a child under CPU, memory and time limits). Every failure is one
+rank's: the other ranks' dumps still come back.
 """
 
 from __future__ import annotations
@@ -31,7 +34,13 @@ from collscope.nodeagent import errors, frdump, rootfs
 
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-DEFAULT_DUMP_PREFIX = "/tmp/nccl_trace_rank_"
+DUMP_FILE_STEM = "torch/comm_lib_trace_rank_"  # under the cache directory
+
+
+def default_dump_prefix(environ: Mapping[str, str]) -> str:
+    """torch's own dump prefix for a process with ``environ`` and neither ``DUMP_ENVS`` set."""
+    cache = environ.get("XDG_CACHE_HOME") or f"{environ.get('HOME') or '/tmp'}/.cache"
+    return f"{cache.rstrip('/')}/{DUMP_FILE_STEM}"
 
 
 class _Model(BaseModel):
@@ -72,7 +81,8 @@ def target(
     stem = environ.get(PIPE_ENV, "")
     if not stem:
         return None
-    prefix = next((environ[k] for k in DUMP_ENVS if environ.get(k)), DEFAULT_DUMP_PREFIX)
+    prefix = next((environ[k] for k in DUMP_ENVS if environ.get(k)), None)
+    prefix = prefix or default_dump_prefix(environ)
     return Target(rank=rank, root=root, pipe=f"{stem}{rank}.pipe", dump=f"{prefix}{rank}")
 
 

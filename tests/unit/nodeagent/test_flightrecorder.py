@@ -227,10 +227,16 @@ def test_target_from_environment() -> None:
     assert flightrecorder.target(3, {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": ""}) is None
     root = pathlib.Path("/proc/42/root")
     t = flightrecorder.target(3, {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/p_"}, root=root)
+    # torch 2.13's default without HOME: /tmp/.cache/torch/comm_lib_trace_rank_<rank>
     assert t == flightrecorder.Target(
-        rank=3, root=root, pipe="/tmp/p_3.pipe", dump="/tmp/nccl_trace_rank_3"
+        rank=3, root=root, pipe="/tmp/p_3.pipe", dump="/tmp/.cache/torch/comm_lib_trace_rank_3"
     )
-    assert t.shown(t.dump) == "/proc/42/root/tmp/nccl_trace_rank_3"
+    assert t.shown(t.dump) == "/proc/42/root/tmp/.cache/torch/comm_lib_trace_rank_3"
+    pipe = {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/tmp/p_"}
+    t = flightrecorder.target(1, {**pipe, "HOME": "/home/u"})
+    assert t is not None and t.dump == "/home/u/.cache/torch/comm_lib_trace_rank_1"
+    t = flightrecorder.target(1, {**pipe, "HOME": "/home/u", "XDG_CACHE_HOME": "/c/"})
+    assert t is not None and t.dump == "/c/torch/comm_lib_trace_rank_1"
     env = {
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": "/x/p_",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/old_",
