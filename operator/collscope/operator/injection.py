@@ -10,6 +10,17 @@ A pod whose annotations carry ``collscope.dev/diagnose: "true"`` gets:
   set to the plugin's full path, ``COLLSCOPE_TRACE_DIR``, and the downward-API values the
   plugin writes into its ring header (``POD_NAME``, ``POD_NAMESPACE``, ``NODE_NAME``).
 
+- in every app container, unless the pod is annotated ``collscope.dev/flight-recorder: "false"``,
+  what PyTorch needs for the agent to take a Flight Recorder dump of a live rank
+  (``flight_recorder_env``): ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (torch 2.13 keeps 2,000 entries
+  by default, older torch none; its NCCL debug pipe exists only when the size is > 0) and
+  ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (the pipe's stem, in the ring volume: a FIFO takes no
+  space). A container that sets the buffer size under either of torch's names
+  (``TORCH_FR_BUFFER_SIZE`` too, ``0`` included) or names its own pipe keeps its choice. The
+  dump itself goes where torch puts it (``~/.cache/torch/comm_lib_trace_rank_<rank>`` unless
+  the pod says otherwise), where the agent looks: a few MB per rank kept out of the tmpfs, whose
+  size limit evicts the pod when exceeded.
+
 Rules: pods without the annotation are untouched ([]); anything the pod already has wins (an env
 var, volume, init container or mount path of the same name is kept as it is and ours skipped),
 so applying the patch and computing it again yields [] (idempotent). Lists the pod lacks are
@@ -43,6 +54,13 @@ INIT_CONTAINER = "collscope-plugin"
 PLUGIN_FILE = "libnccl-profiler-collscope.so"
 PLUGIN_ENV = "NCCL_PROFILER_PLUGIN"
 NEXT_PLUGIN_ENV = "COLLSCOPE_NEXT_PROFILER_PLUGIN"  # read by the native plugin (forwarding)
+FR_OPT_OUT_ANNOTATION = "collscope.dev/flight-recorder"  # "false": no Flight Recorder env
+FR_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
+# torch reads the buffer size under both names (FlightRecorder.hpp), ProcessGroupNCCL's pipe
+# under the second only: setting the second is right for every torch; either set is the pod's.
+FR_BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+# torch 2.13's default size (FlightRecorder.hpp): ~2 MB of host memory per rank with stacks.
+FR_BUFFER_ENTRIES = 2000
 # The init container's user: any non-root uid can copy the plugin (0644 in the image) into the
 # emptyDir (created 0777). 65532 is the distroless "nonroot" user, a common choice.
 INIT_UID = 65532
@@ -83,6 +101,26 @@ def env_vars(settings: InjectionSettings) -> list[dict[str, Any]]:
     if settings.ring_bytes is not None:
         env.append({"name": "COLLSCOPE_RING_BYTES", "value": str(settings.ring_bytes)})
     return env
+
+
+def flight_recorder_env(
+    settings: InjectionSettings, container: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Env making a Flight Recorder dump of ``container`` possible, less what it sets itself
+    (the buffer size under either of torch's names, the pipe)."""
+    have = {e.get("name") for e in container.get("env") or ()}
+    env: list[dict[str, Any]] = []
+    if not have & set(FR_BUFFER_ENVS):
+        env.append({"name": FR_BUFFER_ENVS[1], "value": str(FR_BUFFER_ENTRIES)})
+    if FR_PIPE_ENV not in have:
+        env.append({"name": FR_PIPE_ENV, "value": f"{settings.trace_dir}/fr_pipe_rank_"})
+    return env
+
+
+def flight_recorder_wanted(pod: Mapping[str, Any]) -> bool:
+    """False when the pod opted out of the Flight Recorder env (annotation ``"false"``)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(FR_OPT_OUT_ANNOTATION, "true")).strip().lower() != "false"
 
 
 def volumes(settings: InjectionSettings) -> list[dict[str, Any]]:
@@ -148,10 +186,14 @@ def patch(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Op]:
     ops += _append(
         spec.get("initContainers"), "/spec/initContainers", [init_container(settings)], "name"
     )
+    with_fr = flight_recorder_wanted(pod)
     for i, container in enumerate(spec.get("containers") or ()):
         base = patches.pointer("spec", "containers", str(i))
         ops += _chain_plugin(container, base, settings)
-        ops += _append(container.get("env"), f"{base}/env", env_vars(settings), "name")
+        env = env_vars(settings)
+        if with_fr:
+            env += flight_recorder_env(settings, container)
+        ops += _append(container.get("env"), f"{base}/env", env, "name")
         # A mount path already in use (or our volume mounted elsewhere) is the user's choice.
         taken = {m.get("name") for m in container.get("volumeMounts") or ()}
         wanted = [m for m in mounts(settings) if m["name"] not in taken]

@@ -161,7 +161,47 @@ def test_a_chain_the_user_arranged_is_left_alone() -> None:
     assert not injection.displaced(pod(), SETTINGS) and not injection.forwarded(pod())
 
 
-names = st.sampled_from(["NCCL_PROFILER_PLUGIN", "POD_NAME", "FOO", "COLLSCOPE_TRACE_DIR"])
+def test_flight_recorder_env_makes_a_dump_possible() -> None:
+    env = env_of(inject(pod(OPT_IN))["spec"]["containers"][0])
+    assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/run/collscope/fr_pipe_rank_"
+    # The dump goes where torch puts it by default, where the agent looks, not to the tmpfs.
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in env and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in env
+
+
+def test_flight_recorder_env_never_overrides_the_pods_own() -> None:
+    own = [
+        {"name": "TORCH_FR_BUFFER_SIZE", "value": "0"},
+        {"name": "TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "value": "/data/pipe_"},
+    ]
+    newer = [{"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": "100"}]
+    out = inject(
+        pod(
+            OPT_IN,
+            containers=[
+                {"name": "a", "image": "x", "env": own},
+                {"name": "b", "image": "x", "env": newer},
+            ],
+        )
+    )
+    a, b = (env_of(c) for c in out["spec"]["containers"])
+    assert a["TORCH_FR_BUFFER_SIZE"] == "0" and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in a
+    assert a["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/data/pipe_"
+    assert b["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "100"
+    assert b["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/run/collscope/fr_pipe_rank_"
+
+
+def test_flight_recorder_env_opt_out() -> None:
+    off = {**OPT_IN, "collscope.dev/flight-recorder": "false"}
+    env = env_of(inject(pod(off))["spec"]["containers"][0])
+    assert "NCCL_PROFILER_PLUGIN" in env  # the rest of the injection stays
+    assert not {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"} & set(env)
+
+
+names = st.sampled_from(
+    ["NCCL_PROFILER_PLUGIN", "POD_NAME", "FOO", "COLLSCOPE_TRACE_DIR", "TORCH_FR_BUFFER_SIZE",
+     "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
+)  # fmt: skip
 container = st.fixed_dictionaries(
     {"name": st.sampled_from(["a", "b", "c"]), "image": st.just("i")},
     optional={
