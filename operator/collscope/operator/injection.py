@@ -104,15 +104,17 @@ def env_vars(settings: InjectionSettings) -> list[dict[str, Any]]:
 
 
 def flight_recorder_env(
-    settings: InjectionSettings, container: Mapping[str, Any]
+    settings: InjectionSettings, container: Mapping[str, Any], *, has_trace_dir: bool = True
 ) -> list[dict[str, Any]]:
     """Env making a Flight Recorder dump of ``container`` possible, less what it sets itself
-    (the buffer size under either of torch's names, the pipe)."""
+    (the buffer size under either of torch's names, the pipe). No pipe unless the ring volume
+    is at ``trace_dir`` (``has_trace_dir``): torch fails its process group's start when it
+    cannot make the FIFO."""
     have = {e.get("name") for e in container.get("env") or ()}
     env: list[dict[str, Any]] = []
     if not have & set(FR_BUFFER_ENVS):
         env.append({"name": FR_BUFFER_ENVS[1], "value": str(FR_BUFFER_ENTRIES)})
-    if FR_PIPE_ENV not in have:
+    if FR_PIPE_ENV not in have and has_trace_dir:
         env.append({"name": FR_PIPE_ENV, "value": f"{settings.trace_dir}/fr_pipe_rank_"})
     return env
 
@@ -190,13 +192,18 @@ def patch(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Op]:
     for i, container in enumerate(spec.get("containers") or ()):
         base = patches.pointer("spec", "containers", str(i))
         ops += _chain_plugin(container, base, settings)
+        # A mount path already in use (or our volume mounted elsewhere) is the user's choice.
+        have = container.get("volumeMounts") or ()
+        taken = {m.get("name") for m in have}
+        wanted = [m for m in mounts(settings) if m["name"] not in taken]
+        paths = {m.get("mountPath"): m.get("name") for m in have}
+        ring_dir = paths.get(settings.trace_dir, TRACE_VOLUME) == TRACE_VOLUME and (
+            TRACE_VOLUME not in taken or paths.get(settings.trace_dir) == TRACE_VOLUME
+        )
         env = env_vars(settings)
         if with_fr:
-            env += flight_recorder_env(settings, container)
+            env += flight_recorder_env(settings, container, has_trace_dir=ring_dir)
         ops += _append(container.get("env"), f"{base}/env", env, "name")
-        # A mount path already in use (or our volume mounted elsewhere) is the user's choice.
-        taken = {m.get("name") for m in container.get("volumeMounts") or ()}
-        wanted = [m for m in mounts(settings) if m["name"] not in taken]
         ops += _append(container.get("volumeMounts"), f"{base}/volumeMounts", wanted, "mountPath")
     return ops
 

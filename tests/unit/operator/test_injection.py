@@ -191,6 +191,24 @@ def test_flight_recorder_env_never_overrides_the_pods_own() -> None:
     assert b["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/run/collscope/fr_pipe_rank_"
 
 
+def test_no_pipe_where_the_ring_volume_is_not_at_the_trace_dir() -> None:
+    # torch fails to start a process group whose pipe it cannot create.
+    elsewhere = [{"name": "collscope-trace", "mountPath": "/elsewhere"}]
+    other = [{"name": "data", "mountPath": "/run/collscope"}]
+    out = inject(
+        pod(
+            OPT_IN,
+            containers=[
+                {"name": "a", "image": "x", "volumeMounts": elsewhere},
+                {"name": "b", "image": "x", "volumeMounts": other},
+            ],
+        )
+    )
+    for c in out["spec"]["containers"]:
+        assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in env_of(c)
+        assert env_of(c)["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+
+
 def test_flight_recorder_env_opt_out() -> None:
     off = {**OPT_IN, "collscope.dev/flight-recorder": "false"}
     env = env_of(inject(pod(off))["spec"]["containers"][0])
