@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from collscope.operator import status
+from collscope.operator import policy, status
 from collscope.operator.analysis import diagnosis
 
 NOW = datetime.datetime(2026, 11, 22, 21, 0, 0, tzinfo=datetime.UTC)
@@ -260,3 +260,12 @@ def test_trainingjob_needs_a_selector_or_owner_rule(crds: Any) -> None:
     spec = crds.schema("trainingjobs")["properties"]["spec"]
     (rule,) = spec["x-kubernetes-validations"]
     assert rule["rule"] == "has(self.selector) || has(self.owner)"
+
+
+def test_trainingjob_remediation_fields_are_the_policy_keys(crds: Any) -> None:
+    """Every key ``policy.RemediationPolicy.merged`` reads can be set through the API, and the
+    API accepts no remediation key the policy would refuse."""
+    crd = crds.load("trainingjobs")
+    props = dict(walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]))
+    remediation = props[".spec.diagnosis.remediation"]["properties"]
+    assert set(remediation) == set(policy.KEYS)
