@@ -18,7 +18,16 @@ Three parts, each printed as a markdown table:
 2. *Diagnosis* (§V-D): a 512-GPU fabric for 2 minutes, fault at 60 s (--quick: fewer seeds).
    Top-1: the first culprit is the injected switch; the members of the injected DP group; the
    GPUs of the injected job. Category as truth.json expects. Latency = detected_at - onset.
-3. *Speed*: one minute of flows of a 2,880- and a 16,384-GPU fabric, analysed in this process
+3. *A slow NIC per ring size* (issue 17): a 256-GPU fabric (32 servers, 4 leaves, 4 spines)
+   holding a job of DP 2, 3, 4 or 8 x PP 1 or 2 (servers shuffled by the seed) and jobs of 4
+   servers on the rest; one NIC of the job at 1/2.5 bandwidth from 60 s of 120, under both ring
+   pacings of the simulator (``Fabric.ring_pacing``: "ring", every link of a ring as slow as
+   its slowest, what NCCL's flow-controlled ring does; "link", each hop its own time). Per
+   setting: group exact = the first culprit's group has the injected ring's members; NIC
+   first = the first culprit is the slow NIC's endpoint, component ``nic``, scored above
+   every other; tie = it is among several culprits of the first's score (the verdict says it
+   cannot choose). One healthy fabric per setting and seed: false alarms.
+4. *Speed*: one minute of flows of a 2,880- and a 16,384-GPU fabric, analysed in this process
    (one core: numpy's sorts and ufuncs here are single-threaded), by phase; plus parsing that
    minute from ``flows.jsonl.gz`` for 2,880 GPUs (reader.iter_net_flows + FlowTable.from_flows).
 """
@@ -300,6 +309,128 @@ def part_diagnosis(seeds: int, workers: int) -> str:
     return "\n".join(out)
 
 
+NIC_RINGS = (2, 3, 4, 8)
+NIC_PP = (1, 2)
+PACINGS: tuple[config.RingPacing, ...] = ("ring", "link")
+
+
+@dataclass(frozen=True)
+class NicCase:
+    dp: int
+    pp: int
+    pacing: config.RingPacing
+    seed: int
+    faulty: bool
+
+
+@dataclass(frozen=True)
+class NicResult:
+    case: NicCase
+    anomaly: bool
+    group_ok: bool
+    nic_first: bool
+    nic_tie: bool
+
+
+def nic_config(case: NicCase) -> config.FlowSimConfig:
+    """The fabric of part 3: the job under test ("nic-test") and jobs of 4 servers."""
+    rng = np.random.default_rng([case.seed, case.dp, case.pp, 29])
+    fabric = config.Fabric(servers=32, servers_per_leaf=8, spines=4, ring_pacing=case.pacing)
+    free = [int(v) for v in rng.permutation(fabric.servers)]
+    shapes = [(case.pp, case.dp)]
+    while sum(p * d for p, d in shapes) + 4 <= fabric.servers:
+        shapes.append((1, 4) if len(shapes) % 2 else (2, 2))
+    specs = []
+    for k, (pp, dp) in enumerate(shapes):
+        fwd = float(rng.uniform(100.0, 200.0))
+        specs.append(
+            config.JobSpec(
+                name="nic-test" if k == 0 else f"train-{k:02d}",
+                servers=tuple(free[: pp * dp]),
+                pp=pp,
+                dp=dp,
+                fwd_ms=round(fwd, 1),
+                bwd_ms=round(2 * fwd, 1),
+                grad_bytes=int(rng.uniform(1.0, 3.0) * (1 << 30)),
+                buckets=_buckets(rng),
+                start_s=float(rng.uniform(0.0, 2.0)),
+            )
+        )
+        free = free[pp * dp :]
+    target = f"nic-test/pp{rng.integers(case.pp)}/tp{rng.integers(fabric.gpus_per_server)}"
+    faults = (config.FlowFault("slow-group", target, 60.0),) if case.faulty else ()
+    return config.FlowSimConfig(
+        fabric=fabric, jobs=tuple(specs), duration_s=120.0, faults=faults, seed=case.seed
+    )
+
+
+def _buckets(rng: np.random.Generator) -> tuple[float, ...]:
+    """4-6 distinct bucket shares (DDP buckets differ in size; rounding may tie: draw again)."""
+    while True:
+        shares = tuple(
+            round(float(x), 4) for x in rng.dirichlet(np.full(int(rng.integers(4, 7)), 4.0))
+        )
+        if len(set(shares)) == len(shares):
+            return shares
+
+
+def run_nic_case(case: NicCase) -> NicResult:
+    res = simulator.simulate(nic_config(case))
+    diag = engine.to_diagnosis(engine.analyze(flow_table(res), job=res.job))
+    if not res.truth.faults:
+        return NicResult(case, diag.anomaly, False, False, False)
+    f = res.truth.faults[0]
+    top = diag.culprits[0] if diag.culprits else None
+    if top is None:
+        return NicResult(case, diag.anomaly, False, False, False)
+    group_ok = top.group is not None and {
+        c.endpoint for c in diag.culprits if c.group == top.group
+    } == set(f.members)
+    tied = [c for c in diag.culprits if c.group == top.group and c.score == top.score]
+    named = top.endpoint == f.nic and top.component == "nic"
+    return NicResult(
+        case,
+        diag.anomaly,
+        group_ok,
+        named and len(tied) == 1,
+        len(tied) > 1 and any(c.endpoint == f.nic and c.component == "nic" for c in tied),
+    )
+
+
+def part_nic(seeds: int, workers: int) -> str:
+    cases = [
+        NicCase(dp, pp, pacing, seed, faulty)
+        for pacing in PACINGS
+        for pp in NIC_PP
+        for dp in NIC_RINGS
+        for seed in range(seeds)
+        for faulty in (True, False)
+    ]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(run_nic_case, cases))
+    out = [
+        "| ring pacing | PP | DP ring | faulty cases | detected | group exact | NIC first | "
+        "NIC in a named tie | healthy: false alarms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for pacing in PACINGS:
+        for pp in NIC_PP:
+            for dp in NIC_RINGS:
+                sel = [
+                    r for r in results if (r.case.pacing, r.case.pp, r.case.dp) == (pacing, pp, dp)
+                ]
+                bad = [r for r in sel if r.case.faulty]
+                ok = [r for r in sel if not r.case.faulty]
+                n = len(bad)
+                out.append(
+                    f"| {pacing} | {pp} | {dp} | {n} | {sum(r.anomaly for r in bad)}/{n} | "
+                    f"{sum(r.group_ok for r in bad)}/{n} | {sum(r.nic_first for r in bad)}/{n} | "
+                    f"{sum(r.nic_tie for r in bad)}/{n} | "
+                    f"{sum(r.anomaly for r in ok)}/{len(ok)} |"
+                )
+    return "\n".join(out)
+
+
 def part_speed(sizes: tuple[int, ...]) -> str:
     out = [
         "| GPUs | jobs | flows in the minute | recognition s | DP/PP s | timelines s | "
@@ -361,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller fabric, fewer windows and seeds")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    p.add_argument("--only", choices=("nic",), help="run one part only")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     print("# collscope flow analysis (LLMPrism) against simulated truth")
@@ -369,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         f"# machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, numpy {np.__version__}\n"
     )
+    if args.only == "nic":
+        print(part_nic(1 if args.quick else 3, args.jobs))
+        return 0
     print("## 1. Job recognition, DP/PP identification, timeline reconstruction\n")
     if args.quick:
         print(part_windows(512, QUICK_WINDOWS, seed=3))
@@ -376,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         print(part_windows(2880, WINDOWS, seed=3))
     print("\n## 2. Diagnosis of injected faults (512 GPUs, 2 min, onset 60 s)\n")
     print(part_diagnosis(2 if args.quick else 6, args.jobs))
-    print("\n## 3. Time to process one minute of flows (one core)\n")
+    print("\n## 3. A slow NIC per ring size (256 GPUs, 2 min, onset 60 s)\n")
+    print(part_nic(1 if args.quick else 3, args.jobs))
+    print("\n## 4. Time to process one minute of flows (one core)\n")
     print(part_speed((2880, 16384)))
     print(f"\n# total {time.perf_counter() - t0:.0f} s")
     return 0
