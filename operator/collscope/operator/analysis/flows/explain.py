@@ -1,11 +1,13 @@
 """Findings of flow analysis as culprits and evidence sentences of a Diagnosis.
 
 A switch finding names the switch (component ``link``); a DP-group finding names every member
-GPU (rank, node and GPU from job.json's topology, the flow endpoint, the job and the group), a
-member whose own PP flows are also slow first as the likely ``nic``; a job finding names the
-job (component ``gpu``: its DP flows are no slower, so the time went into compute or the
-host). Scores: 0.5 at the k-sigma threshold rising to 1 at 2k, times (0.5 + 0.5 x the share of
-tested steps or bins since the first outlier that were outliers too).
+GPU (rank, node and GPU from job.json's topology, the flow endpoint, the job and the group), the
+member whose every hop is slow (``nic``: its ring hops in and out, its PP flows) first as the
+culprit ``nic``, or the members that cannot be told apart as ``nic`` with equal scores and the
+reason; a job finding names the job (component ``gpu``: its DP flows are no slower, so the
+time went into compute or the host). Scores: 0.5 at the k-sigma threshold rising to 1 at 2k,
+times (0.5 + 0.5 x the share of tested steps or bins since the first outlier that were
+outliers too); group members that are no NIC candidate get ``OTHER_MEMBER_SHARE`` of that.
 """
 
 from __future__ import annotations
@@ -13,15 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from collscope.operator.analysis import diagnosis
-from collscope.operator.analysis.flows import findings, jobs, parallelism, table, topology
+from collscope.operator.analysis.flows import findings, jobs, nic, parallelism, table, topology
 
 NS = 1_000_000_000
-# A member's PP flows this much slower (time per byte) than its group peers' make it the
-# likely NIC behind a slow ring.
-NIC_SUSPECT_RATIO = 1.5
+# Score of a group member that is not a NIC candidate, relative to the candidates'.
+OTHER_MEMBER_SHARE = 0.8
+LISTED = 4  # members whose hops an evidence line spells out (a DP ring may have hundreds)
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,9 @@ def culprits(f: findings.Finding, ctx: Context) -> tuple[list[diagnosis.Culprit]
         component: diagnosis.Component = "link" if f.dp_slowdown else "gpu"
         return [diagnosis.Culprit(job=job, component=component, score=s)], None
     members = par.group_members(f.group)
-    suspect = _nic_suspect(flows, par, members, f.since_ns)
-    order = sorted(members.tolist(), key=lambda m: (m != suspect, flows.endpoints[m]))
+    where = nic.localise(flows, par, f.group, f.since_ns, ctx.settings)
+    suspects = set(where.candidates)
+    order = sorted(members.tolist(), key=lambda m: (m not in suspects, flows.endpoints[m]))
     out = []
     for m in order:
         ep = flows.endpoints[m]
@@ -161,42 +163,69 @@ def culprits(f: findings.Finding, ctx: Context) -> tuple[list[diagnosis.Culprit]
                 node=topo.server(ep),
                 gpu=None if info is None else info.gpu,
                 nic=None if info is None else info.nic,
-                component="nic" if m == suspect else "link",
-                score=s if m == suspect or suspect is None else round(s * 0.8, 3),
+                component="nic" if m in suspects else "link",
+                score=s if m in suspects or not suspects else round(s * OTHER_MEMBER_SHARE, 3),
                 job=job,
                 group=f.name,
                 endpoint=ep,
             )
         )
-    note = None
-    if suspect is not None:
-        note = (
-            f"{gpu_label(flows.endpoints[suspect], topo)} of {f.name}: its PP flows are also "
-            f"over {NIC_SUSPECT_RATIO:g}x slower per byte than its group peers': its NIC or "
-            "link is the likely cause of the slow ring"
+    return out, nic_note(where, f.name, flows, topo)
+
+
+def _hops_text(m: nic.Member) -> str:
+    """'in 2.49x, out 2.51x, PP 2.47x'."""
+    names = {"in": "in", "out": "out", "pp": "PP"}
+    return ", ".join(f"{names[h.kind]} {h.ratio:.2f}x" for h in m.hops)
+
+
+def nic_note(
+    where: nic.Localisation, group: str, flows: table.FlowTable, topo: topology.Topology
+) -> str:
+    """The evidence line of a DP group's member localisation (``nic``)."""
+    by_ep = {m.endpoint: m for m in where.members}
+    limit = max((h.limit for m in where.members for h in m.hops), default=float("nan"))
+    ref = (
+        f"time per byte of each hop vs the same hops elsewhere in the job, slow beyond {limit:.2f}x"
+    )
+    if where.nic is not None:
+        m = by_ep[where.nic]
+        others = [min(h.ratio for h in o.hops) for o in where.members if o.hops and o is not m]
+        return (
+            f"{gpu_label(flows.endpoints[m.endpoint], topo)} of {group}: every hop its NIC "
+            f"carries is slow ({_hops_text(m)}; {ref}) while every other member has a hop at "
+            f"{max(others, default=float('nan')):.2f}x or less: its NIC or link is the cause "
+            "of the slow ring"
         )
-    return out, note
-
-
-def _nic_suspect(
-    flows: table.FlowTable,
-    par: parallelism.Parallelism,
-    members: npt.NDArray[np.int64],
-    since: int,
-) -> int | None:
-    """The member whose PP flows since ``since`` are much slower per byte than the others'."""
-    pp_rows = par.rows[~par.dp[par.flow_pair]]
-    pp_rows = pp_rows[(flows.ts[pp_rows] >= since) & (flows.nbytes[pp_rows] > 0)]
-    per_byte = flows.duration[pp_rows] / flows.nbytes[pp_rows]
-    med = []
-    for m in members.tolist():
-        mine = (flows.src[pp_rows] == m) | (flows.dst[pp_rows] == m)
-        med.append(float(np.median(per_byte[mine])) if mine.any() else np.nan)
-    vals = np.array(med)
-    if np.isnan(vals).sum() > len(vals) - 2:
-        return None
-    top = int(np.nanargmax(vals))
-    rest = np.delete(vals, top)
-    if vals[top] > NIC_SUSPECT_RATIO * float(np.nanmedian(rest)):
-        return int(members[top])
-    return None
+    if where.candidates:
+        names = ", ".join(gpu_label(flows.endpoints[c], topo) for c in where.candidates)
+        hops = "; ".join(
+            f"{gpu_label(flows.endpoints[c], topo)}: {_hops_text(by_ep[c])}"
+            for c in where.candidates[:LISTED]
+        )
+        if len(where.candidates) > LISTED:
+            hops += f"; {len(where.candidates) - LISTED} more alike"
+        if len(where.members) == 2 and not where.pp:
+            why = (
+                "a ring of two members carries the same two links into and out of both, and "
+                "no PP flows tell them apart"
+            )
+        elif not where.pp:
+            why = (
+                "every ring hop is as slow as the slowest (the ring moves each link at its "
+                "slowest link's pace), and no PP flows tell the members apart"
+            )
+        else:
+            why = "their hops are slow alike"
+        return (
+            f"{names} of {group}: every hop their NICs carry is slow ({hops}; {ref}); the "
+            f"flows cannot choose between them: {why}"
+        )
+    slow = [m for m in where.members if any(h.slow for h in m.hops)]
+    detail = "; ".join(
+        f"{gpu_label(flows.endpoints[m.endpoint], topo)}: {_hops_text(m)}" for m in slow
+    )
+    return (
+        f"no member of {group} has every hop slow ({detail or 'no hop judged'}; {ref}): the "
+        "slow hops do not meet at one NIC"
+    )
