@@ -204,7 +204,9 @@ async def test_killed_training_process_last_state_is_read(e2e: E2E) -> None:
     top = st["result"]["culprits"][0]
     assert (top["rank"], top["component"]) == (5, "host")
     assert [c["rank"] for c in st["result"]["culprits"]] == [5]
-    assert any("rank 5 (node-1): its process is gone" in e for e in st["result"]["evidence"])
+    # GPU 1: the one-box agents map rank 5 to its simulated GPU (onebox/hardware.py)
+    evidence = st["result"]["evidence"]
+    assert any("rank 5 (node-1, GPU 1): its process is gone" in e for e in evidence)
     _no_cordon(e2e, st)
 
 
@@ -215,7 +217,9 @@ async def test_frozen_training_process_is_a_process_hang(e2e: E2E) -> None:
     assert st["category"] == "hang.process", st["result"]
     assert st["culpritRank"] == 5 and st["culpritNode"] == "node-1", st["result"]
     assert [c["rank"] for c in st["result"]["culprits"]] == [5]
-    assert any("rank 5 (node-1): its process is stopped" in e for e in st["result"]["evidence"])
+    # GPU 1: the one-box agents map rank 5 to its simulated GPU (onebox/hardware.py)
+    evidence = st["result"]["evidence"]
+    assert any("rank 5 (node-1, GPU 1): its process is stopped" in e for e in evidence)
     _no_cordon(e2e, st)
 
 
