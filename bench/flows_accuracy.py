@@ -18,6 +18,7 @@ Three parts, each printed as a markdown table:
 2. *Diagnosis* (§V-D): a 512-GPU fabric for 2 minutes, fault at 60 s (--quick: fewer seeds).
    Top-1: the first culprit is the injected switch; the members of the injected DP group; the
    GPUs of the injected job. Category as truth.json expects. Latency = detected_at - onset.
+   NIC named first and named tie as in part 3.
 3. *A slow NIC per ring size* (issue 17): a 256-GPU fabric (32 servers, 4 leaves, 4 spines)
    holding a job of DP 2, 3, 4 or 8 x PP 1 or 2 (servers shuffled by the seed) and jobs of 4
    servers on the rest; one NIC of the job at 1/2.5 bandwidth from 60 s of 120, under both ring
@@ -28,7 +29,8 @@ Three parts, each printed as a markdown table:
    every other; tie = it is among several culprits of the first's score (the verdict says it
    cannot choose). One healthy fabric per setting and seed: false alarms.
 4. *Speed*: one minute of flows of a 2,880- and a 16,384-GPU fabric, analysed in this process
-   (one core: numpy's sorts and ufuncs here are single-threaded), by phase; plus parsing that
+   (one core: numpy's sorts and ufuncs here are single-threaded), by phase, and whether that
+   healthy minute raised an alarm (it must not); plus parsing that
    minute from ``flows.jsonl.gz`` for 2,880 GPUs (reader.iter_net_flows + FlowTable.from_flows).
 """
 
@@ -47,6 +49,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collscope.nodeagent.bundle import models, reader, tables, writer
+from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis.flows import (
     attribution,
     engine,
@@ -242,6 +245,7 @@ class CaseResult:
     anomaly: bool
     top1: bool
     nic: bool | None
+    nic_tie: bool | None
     category_ok: bool
     latency_s: float | None
     seconds: float
@@ -257,24 +261,40 @@ def run_case(case: Case) -> CaseResult:
     seconds = time.perf_counter() - t0
     if not res.truth.faults:
         return CaseResult(
-            case, diag.anomaly, not diag.anomaly, None, not diag.anomaly, None, seconds
+            case, diag.anomaly, not diag.anomaly, None, None, not diag.anomaly, None, seconds
         )
     f = res.truth.faults[0]
     top = diag.culprits[0] if diag.culprits else None
-    top1, nic = False, None
+    top1, nic, nic_tie = False, None, None
     if top is not None and f.kind == "congested-switch":
         top1 = top.switch == f.culprit
     elif top is not None and f.kind == "slow-group":
         members = {c.endpoint for c in diag.culprits if c.group == top.group}
         top1 = top.group is not None and members == set(f.members)
-        nic = top.endpoint == f.nic
+        nic, nic_tie = _nic_named(diag.culprits, f.nic)
     elif top is not None and top.job is not None:
         job = report.recognition.job(top.job)
         top1 = job is not None and {ft.endpoints[e] for e in job.endpoints} == set(f.members)
     latency = None if diag.detected_at is None else (diag.detected_at - f.onset) / NS
     return CaseResult(
-        case, diag.anomaly, top1, nic, diag.category == f.expected_category, latency, seconds
+        case,
+        diag.anomaly,
+        top1,
+        nic,
+        nic_tie,
+        diag.category == f.expected_category,
+        latency,
+        seconds,
     )
+
+
+def _nic_named(culprits: list[diagnosis.Culprit], nic: str | None) -> tuple[bool, bool]:
+    """(the NIC is the first culprit, alone at its score; it is among several tied first)."""
+    top = culprits[0]
+    tied = [c for c in culprits if c.group == top.group and c.score == top.score]
+    named = top.endpoint == nic and top.component == "nic"
+    in_tie = len(tied) > 1 and any(c.endpoint == nic and c.component == "nic" for c in tied)
+    return named and len(tied) == 1, in_tie
 
 
 def part_diagnosis(seeds: int, workers: int) -> str:
@@ -291,6 +311,7 @@ def part_diagnosis(seeds: int, workers: int) -> str:
         n = len(sel)
         lat = [r.latency_s for r in sel if r.latency_s is not None]
         nic = [r.nic for r in sel if r.nic is not None]
+        ties = sum(bool(r.nic_tie) for r in sel)
         alarms = sum(r.anomaly for r in sel)
         cells = [
             name,
@@ -298,7 +319,7 @@ def part_diagnosis(seeds: int, workers: int) -> str:
             f"{alarms} false alarms" if kind is None else f"{alarms}/{n}",
             "-" if kind is None else f"{sum(r.top1 for r in sel)}/{n}",
             f"{sum(r.category_ok for r in sel)}/{n}",
-            f"{sum(nic)}/{len(nic)}" if nic else "-",
+            f"{sum(nic)}/{len(nic)} ({ties} in a named tie)" if nic else "-",
             f"{statistics.median(lat):.1f}" if lat else "-",
             f"{statistics.median(r.seconds for r in sel):.2f}",
         ]
@@ -386,15 +407,7 @@ def run_nic_case(case: NicCase) -> NicResult:
     group_ok = top.group is not None and {
         c.endpoint for c in diag.culprits if c.group == top.group
     } == set(f.members)
-    tied = [c for c in diag.culprits if c.group == top.group and c.score == top.score]
-    named = top.endpoint == f.nic and top.component == "nic"
-    return NicResult(
-        case,
-        diag.anomaly,
-        group_ok,
-        named and len(tied) == 1,
-        len(tied) > 1 and any(c.endpoint == f.nic and c.component == "nic" for c in tied),
-    )
+    return NicResult(case, diag.anomaly, group_ok, *_nic_named(diag.culprits, f.nic))
 
 
 def part_nic(seeds: int, workers: int) -> str:
@@ -434,8 +447,8 @@ def part_nic(seeds: int, workers: int) -> str:
 def part_speed(sizes: tuple[int, ...]) -> str:
     out = [
         "| GPUs | jobs | flows in the minute | recognition s | DP/PP s | timelines s | "
-        "diagnosis s | total s | flows/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "diagnosis s | total s | flows/s | alarm (healthy) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     parse = ""
     for gpus in sizes:
@@ -459,12 +472,13 @@ def part_speed(sizes: tuple[int, ...]) -> str:
         report = engine.FlowReport(
             w, topo, rec, par, tl, tuple(attribution.attribute(found, w, par, rec, s.findings))
         )
-        engine.to_diagnosis(report, s)
+        alarm = engine.to_diagnosis(report, s).anomaly
         t.append(time.perf_counter())
         total = t[-1] - t[0]
         out.append(
             f"| {gpus:,} | {len(rec.jobs)} | {len(w):,} | {t[1] - t[0]:.2f} | {t[2] - t[1]:.2f} | "
-            f"{t[3] - t[2]:.2f} | {t[4] - t[3]:.2f} | {total:.2f} | {len(w) / total:,.0f} |"
+            f"{t[3] - t[2]:.2f} | {t[4] - t[3]:.2f} | {total:.2f} | {len(w) / total:,.0f} | "
+            f"{'yes' if alarm else 'no'} |"
         )
         if gpus == 2880:
             parse = _parse_time(res.job, w)
