@@ -140,7 +140,7 @@ def sentence(f: findings.Finding, ctx: Context) -> str:
 
 
 def culprits(f: findings.Finding, ctx: Context) -> tuple[list[diagnosis.Culprit], str | None]:
-    """Culprits of one primary finding, and an extra evidence line (a NIC suspect) if any."""
+    """Culprits of one primary finding, and for a DP group the evidence line of ``nic``."""
     flows, rec, par, topo = ctx.flows, ctx.rec, ctx.par, ctx.topo
     s = score(f, ctx.settings.k)
     if f.level == "switch":
