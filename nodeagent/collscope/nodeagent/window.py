@@ -98,6 +98,8 @@ class Window:
         self._chunks: dict[int, collections.deque[Chunk]] = {}
         self._comms: dict[int, dict[tuple[str, int], models.CommRecord]] = {}
         self._last_end: dict[int, int] = {}  # rank -> latest op end seen, evicted or not
+        # rank -> [ops, bytes] completed since the agent started, evicted or not (/metrics).
+        self._done: dict[int, list[int]] = {}
         self._lock = threading.Lock()
 
     # -- writing --------------------------------------------------------------------------
@@ -119,6 +121,9 @@ class Window:
             if len(ops):
                 end = int(ops["end"].max())
                 self._last_end[rank] = max(end, self._last_end.get(rank, end))
+                done = self._done.setdefault(rank, [0, 0])
+                done[0] += len(ops)
+                done[1] += int(ops["bytes"].sum())
             self.nbytes += chunk.nbytes
             c = self.counters
             c.states += len(states)
@@ -165,6 +170,11 @@ class Window:
         """The latest op end ever added for ``rank`` (ns), kept after its record is evicted."""
         with self._lock:
             return self._last_end.get(rank)
+
+    def completed(self) -> dict[int, tuple[int, int]]:
+        """rank -> (ops, bytes) completed since the window was made: monotonic, for counters."""
+        with self._lock:
+            return {r: (d[0], d[1]) for r, d in self._done.items()}
 
     def span(self, rank: int) -> tuple[int, int] | None:
         """(oldest, newest) time held for ``rank``, ns."""
