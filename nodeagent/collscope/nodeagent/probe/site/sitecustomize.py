@@ -1,9 +1,18 @@
 """collscope's probe hook, run by Python at start-up when this directory is on PYTHONPATH.
 
-The webhook injects it (PYTHONPATH=<this dir>, COLLSCOPE_PROBE=1, COLLSCOPE_TRACE_DIR); pods
-annotated ``collscope.dev/probe: "off"`` get COLLSCOPE_PROBE=0 and the probe stays off. It then
-runs the next ``sitecustomize`` on ``sys.path`` (the image's own, if any), which this file
-would otherwise hide. Nothing here may raise: training must start whatever happens.
+The webhook copies this directory into the pod's plugin volume and injects it
+(``PYTHONPATH=<this dir>[:the image's PYTHONPATH]``, ``COLLSCOPE_PROBE=dormant``,
+``COLLSCOPE_TRACE_DIR``). ``COLLSCOPE_PROBE``:
+
+- ``dormant`` (or unset): ``collscope_probe.start()``, the standard-library probe that sleeps
+  until the node agent arms it (``probe.arm`` in the trace directory);
+- ``1``: that, and the torch-profiler probe of ``collscope.nodeagent.probe.install`` when the
+  image has collscope installed (it detects degradation itself, EROICA §4.1);
+- ``0`` / ``off``: nothing (pods annotated ``collscope.dev/probe: "off"``).
+
+It then runs the next ``sitecustomize`` on ``sys.path`` (the image's own, if any), which this
+file would otherwise hide. Standard library only, Python >= 3.9. Nothing here may raise:
+training must start whatever happens.
 """
 
 from __future__ import annotations
@@ -11,6 +20,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+
+
+def _dormant() -> None:
+    try:
+        import collscope_probe  # type: ignore[import-not-found]  # beside this file, on PYTHONPATH
+
+        collscope_probe.start()
+    except Exception:
+        return
 
 
 def _install() -> None:
@@ -40,5 +58,6 @@ def _chain() -> None:
             return
 
 
+_dormant()
 _install()
 _chain()
