@@ -119,7 +119,7 @@ async def test_healthy_run_opens_no_diagnosis(e2e: E2E) -> None:
         assert memo.metrics.value("collscope_operator_triggers_total", {"kind": "hang"}) == 0
         assert memo.metrics.value("collscope_operator_triggers_total", {"kind": "slow"}) == 0
         st = e2e.tj_status()
-        assert st["health"] == "Healthy" and len(st["ranks"]) == 8
+        assert st["health"] == "Healthy" and st["rankCount"] == 8
 
 
 async def _completed(e2e: E2E, window_s: float) -> dict[int, int]:

@@ -152,7 +152,10 @@ async def _process(
         new = status_mod.diagnosis_status(
             result, phase="Diagnosed", generation=generation, conditions=conditions, now=now_utc()
         )
-        new["agentErrors"] = [{"node": f.node, "message": f.reason[:1000]} for f in failed]
+        new["agentErrors"] = [
+            {"node": f.node, "message": f.reason[:1000]}
+            for f in failed[: status_mod.MAX_AGENT_ERRORS]
+        ]
         await _patch(api, namespace, name, new)
         meters: metrics.OperatorMetrics = memo.metrics
         meters.diagnoses.labels(category=result.category or "none").inc()

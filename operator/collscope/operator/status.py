@@ -41,6 +41,13 @@ TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
 MAX_STACK_GROUPS = 16  # a status is read by people; more distinct stacks means "everything"
 MAX_FRAMES = 32  # innermost frames kept per stack: where it waits, not how it got there
 MAX_EVIDENCE = 64  # keeps Diagnosis objects far below etcd's 1.5 MiB object limit
+MAX_SAMPLED_RANKS = 256  # spec.diagnosis.sampling.maxRanks is at most 256
+MAX_LISTED_NODES = 64  # nodes named in a list; a count says how many in all
+MAX_MESSAGE = 2000  # a condition message people read; the CRD allows 32768
+MAX_STATUS_MESSAGE = 512  # Diagnosis.status.message, a cell of kubectl get -o wide
+MAX_CULPRITS = 1024  # the CRD's maxItems of result.culprits
+MAX_ALTERNATIVES = 16  # the CRD's maxItems of result.alternatives
+MAX_AGENT_ERRORS = 64  # Diagnosis.status.agentErrors listed (the CRD's maxItems)
 
 
 def timestamp(now: datetime.datetime) -> str:
@@ -113,6 +120,9 @@ def result(d: diagnosis.Diagnosis) -> dict[str, Any]:
     """``Diagnosis.status.result``: the bundle-v1 Diagnosis, Nones dropped, evidence capped."""
     data: dict[str, Any] = without_none(d.model_dump(mode="json", by_alias=True))
     data["evidence"] = list(d.evidence[:MAX_EVIDENCE])
+    data["culprits"] = data.get("culprits", [])[:MAX_CULPRITS]
+    if "alternatives" in data:
+        data["alternatives"] = data["alternatives"][:MAX_ALTERNATIVES]
     return data
 
 
@@ -127,19 +137,25 @@ def diagnosis_status(
     """The status of a Diagnosis once analysis has run (phase ``Diagnosed`` or later)."""
     top = d.culprits[0] if d.culprits else None
     found = d.anomaly and d.category is not None
+    message = d.evidence[0] if d.evidence else "analysis found nothing wrong"
     status: dict[str, Any] = {
         "phase": phase,
         "result": result(d),
         "category": d.category if found else None,
         "culpritNode": top.node if top else None,
         "culpritRank": top.rank if top else None,
+        "culpritGPU": top.gpu if top else None,
+        "culpritNIC": top.nic if top else None,
+        "component": top.component if top else None,
+        "confidence": d.confidence,
+        "message": message[:MAX_STATUS_MESSAGE],
         "observedGeneration": generation,
         "conditions": set_condition(
             conditions,
             type_="Diagnosed",
             status="True",
             reason=camel(d.category) if found and d.category else "NoAnomaly",
-            message=d.evidence[0] if d.evidence else "analysis found nothing wrong",
+            message=message,
             generation=generation,
             now=now,
         ),
@@ -169,6 +185,8 @@ def phase_status(
     return without_none(  # type: ignore[no-any-return]
         {
             "phase": phase,
+            # Remediated keeps the key evidence in the column (the Action column says what)
+            "message": None if phase == "Remediated" else message[:MAX_STATUS_MESSAGE],
             "observedGeneration": generation,
             "conditions": set_condition(
                 conditions,
@@ -211,6 +229,17 @@ def stack_groups(stacks: Mapping[ids.Rank, Sequence[str]]) -> list[dict[str, Any
     return [{"ranks": sorted(r), "frames": list(f)} for f, r in ordered[:MAX_STACK_GROUPS]]
 
 
+def group_counts(job_groups: groups.JobGroups) -> dict[str, Any]:
+    """``TrainingJob.status.groups``: per kind, how many groups and the largest one's size.
+
+    Counts, not members: the members of every group of a 131,072-rank job are megabytes (the
+    sample's fingerprint in ``sampling`` keeps them, in memory)."""
+    out: dict[str, Any] = {"source": job_groups.source, "communicators": len(job_groups.comms)}
+    for kind, found in (("tp", job_groups.tp), ("pp", job_groups.pp), ("dp", job_groups.dp)):
+        out[kind] = {"count": len(found), "size": max((len(g) for g in found), default=0)}
+    return out
+
+
 def trainingjob_status(
     *,
     placement: Iterable[Mapping[str, Any]],
@@ -223,33 +252,57 @@ def trainingjob_status(
     now: datetime.datetime,
     unreachable: Sequence[ids.NodeName] = (),
     message: str = "",
+    trigger_message: str = "",
 ) -> dict[str, Any]:
-    """``TrainingJob.status``; ``placement`` items are ``{rank, pod, podUID, node, gpu, nic}``."""
-    ranks = sorted((without_none(dict(p)) for p in placement), key=lambda p: int(p["rank"]))
+    """``TrainingJob.status``, bounded whatever the job's size (v1alpha1 since issue 16).
+
+    ``placement`` items are ``{rank, node, ...}``; only their counts are written: the per-rank
+    map (rank -> pod, node, GPU, NIC) stays with the node agents (``GET /v1/ranks``) and the
+    Diagnosis names its culprits' placement. Lists are cut to ``MAX_SAMPLED_RANKS`` and
+    ``MAX_LISTED_NODES`` (``unreachableCount`` says how many in all). The conditions ``Hung`` and
+    ``Slow`` follow ``health`` (``Unknown`` when no sampled rank could be read this tick), so
+    ``kubectl wait --for=condition=Hung trainingjob.collscope.dev/NAME`` works;
+    ``trigger_message`` is the trigger's reason when one fired.
+    """
+    ranks = 0
+    nodes: set[str] = set()
+    for p in placement:
+        ranks += 1
+        if p.get("node"):
+            nodes.add(str(p["node"]))
     ready = phase in ("Watching", "Diagnosing")
+    down = sorted(set(unreachable))
     status: dict[str, Any] = {
         "phase": phase,
         "health": health,
         "observedGeneration": generation,
-        "rankCount": len(ranks),
-        "nodeCount": len({p["node"] for p in ranks if "node" in p}),
-        "ranks": ranks,
-        "sampledRanks": sorted(int(r) for r in sampled),
-        "unreachableAgents": sorted(unreachable),
+        "rankCount": ranks,
+        "nodeCount": len(nodes),
+        "sampledRanks": sorted(int(r) for r in sampled)[:MAX_SAMPLED_RANKS],
+        "unreachableAgents": down[:MAX_LISTED_NODES],
+        "unreachableCount": len(down),
         "conditions": set_condition(
             conditions,
             type_="Ready",
             status="True" if ready else "False",
             reason=phase,
-            message=message or f"{len(ranks)} ranks, phase {phase}",
+            message=(message or f"{ranks} ranks, phase {phase}")[:MAX_MESSAGE],
             generation=generation,
             now=now,
         ),
     }
+    for kind, name in (("Hung", "Hang"), ("Slow", "Slowdown")):
+        cond: ConditionStatus = "Unknown" if health == "Unknown" else "False"
+        reason = "NotWatched" if health == "Unknown" else f"No{name}"
+        text = "no sampled rank could be read at the last tick"
+        if health == kind:
+            cond, reason, text = "True", f"{name}Detected", trigger_message or f"{kind.lower()}"
+        elif health != "Unknown":
+            text = f"no {name.lower()} at the last tick of the sampled ranks"
+        status["conditions"] = set_condition(
+            status["conditions"], type_=kind, status=cond, reason=reason,
+            message=text[:MAX_MESSAGE], generation=generation, now=now,
+        )  # fmt: skip
     if job_groups is not None:
-        status["groups"] = job_groups.as_status()
-        status["communicators"] = [
-            {"id": c.comm_id, "name": c.name or None, "kind": c.kind, "members": list(c.members)}
-            for c in job_groups.comms
-        ]
+        status["groups"] = group_counts(job_groups)
     return without_none(status)  # type: ignore[no-any-return]

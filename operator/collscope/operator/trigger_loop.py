@@ -23,8 +23,10 @@ job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rar
    job and incident; a slowdown's incident is an episode of its communicator, so a second
    slowdown there after the first one ended opens a new one); ``diagnosis_handlers``
    analyses it;
-6. the status (ranks, sample, health, ``AgentsReachable`` condition naming unreachable nodes,
-   last trigger) is patched when it changed. An unreachable agent is never fatal.
+6. the status (counts of ranks, nodes and groups, the sample, health with the ``Hung`` and
+   ``Slow`` conditions, ``AgentsReachable`` naming unreachable nodes, the last trigger and its
+   Diagnosis; ``status.trainingjob_status``, bounded whatever the job's size) is patched when
+   it changed. An unreachable agent is never fatal.
 """
 
 from __future__ import annotations
@@ -252,7 +254,7 @@ async def tick(
     now = datetime.datetime.now(datetime.UTC)
     new = _job_status(
         rt, current=status, meta=meta, health=health, hit=hit, unreachable=unreachable, now=now,
-        job_groups=chosen_groups if rt.ranks else None,
+        job_groups=chosen_groups if rt.ranks else None, last_trigger=last_trigger,
     )  # fmt: skip
     if last_trigger is not None:
         new["lastTrigger"] = last_trigger
@@ -315,11 +317,14 @@ def _job_status(
     unreachable: list[agents.Unreachable],
     now: datetime.datetime,
     job_groups: groups.JobGroups | None,
+    last_trigger: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    placement = [
-        {"rank": int(r), "pod": p.pod, "podUID": p.pod_uid or None, "node": p.node}
-        for r, p in rt.ranks.items()
-    ]
+    placement = [{"rank": int(r), "node": p.node} for r, p in rt.ranks.items()]  # counted only
+    trigger_message = ""
+    if hit is not None:
+        last = last_trigger or current.get("lastTrigger") or {}
+        named = f"; Diagnosis {last['diagnosis']}" if last.get("trigger") == hit.kind else ""
+        trigger_message = hit.reason + named
     phase: status.JobPhase = "Pending" if not rt.ranks else "Watching"
     if hit is not None:
         phase = "Diagnosing"
@@ -334,6 +339,7 @@ def _job_status(
         conditions=current.get("conditions"),
         now=now,
         unreachable=sorted({ids.NodeName(u.node) for u in unreachable}),
+        trigger_message=trigger_message,
     )
     down = sorted({u.node for u in unreachable})
     new["conditions"] = status.set_condition(
@@ -345,6 +351,4 @@ def _job_status(
         generation=generation,
         now=now,
     )
-    if not down:
-        new["unreachableAgents"] = []
     return new

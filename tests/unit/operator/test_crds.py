@@ -77,8 +77,20 @@ def test_printer_columns_are_the_issues(crds: Any) -> None:
         "Age",
     ]
     assert [n for n, _ in columns(crds, "diagnoses")] == [
-        "Job", "Trigger", "Category", "Culprit Node", "Rank", "Phase", "Action", "Age"
+        "Job", "Trigger", "Category", "Culprit Node", "Rank", "Confidence", "Component", "Phase",
+        "Action", "Age", "GPU", "NIC", "Message",
     ]  # fmt: skip
+    (version,) = crds.load("diagnoses")["spec"]["versions"]
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")]
+    assert wide == ["GPU", "NIC", "Message"]  # kubectl get diagnoses -o wide
+
+
+@pytest.mark.parametrize("name", ["trainingjobs", "diagnoses"])
+def test_every_list_is_bounded(crds: Any, name: str) -> None:
+    """An object past etcd's 1.5 MiB cannot be written: every array says how long it may get."""
+    unbounded = [p for p, n in walk(crds.schema(name)) if n["type"] == "array"]
+    unbounded = [p for p in unbounded if "maxItems" not in dict(walk(crds.schema(name)))[p]]
+    assert unbounded == []
 
 
 @pytest.mark.parametrize("name", ["trainingjobs", "diagnoses"])
