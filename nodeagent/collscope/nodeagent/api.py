@@ -19,6 +19,8 @@ Endpoints (``server.py``)::
     GET  /v1/hardware?since=..&until=..              HardwareResponse
     POST /v1/stacks          StacksRequest           the stacks report (py-spy), as JSON
     POST /v1/flightrecorder  FlightRecorderRequest   the Flight Recorder report, as JSON
+    POST /v1/profile         ProfileRequest          ProfileArmed (arms the ranks' probes)
+    GET  /v1/profile?id=..                           ProfileReport (β, μ, sigma per function)
     GET  /v1/export?since=..&until=..                a bundle-v1 .tar.gz
     GET  /metrics  /livez  /readyz                   Prometheus text, HealthResponse x2
     any error                                        ErrorResponse (400, 404, 503, 500)
@@ -198,3 +200,67 @@ class FlightRecorderRequest(_Wire):
 class ErrorResponse(_Wire):
     error: str
     parameter: str | None = None
+
+
+ProfileId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+
+class ProfileRequest(_Wire):
+    """Arm the dormant probes of ranks on this node (None: all) for ``window_s`` seconds.
+
+    Every probe starts within its poll period (0.5 s) of the request and stops after the window
+    or at ``now + window_s + grace_s``, whichever comes first (``profiling.py``).
+    """
+
+    id: ProfileId
+    ranks: list[Annotated[int, Field(ge=0)]] | None = None
+    window_s: Annotated[float, Field(gt=0, le=60)] = 10.0
+    hz: Annotated[float, Field(ge=1, le=1000)] = 100.0
+    grace_s: Annotated[float, Field(ge=0, le=60)] = 5.0
+    workloads: list[str] | None = None  # the job's pod uids (see the module docstring)
+
+
+class ProfileArmed(_Wire):
+    """What a ``ProfileRequest`` armed: the ranks whose trace directory got the arm file."""
+
+    id: str
+    node: str
+    deadline_ns: int
+    ranks: list[int]
+
+
+ProfileState = Literal["pending", "armed", "done", "failed", "no probe"]
+
+
+class ResourceUse(_Wire):
+    """One metric of a rank's GPU or NIC over the profiling window (the agent's hw sampler)."""
+
+    device: str
+    metric: str
+    mean: float
+    max: float
+    samples: int
+
+
+class RankProfile(_Wire):
+    """One rank's probe after a request: ``pending`` (not answered yet, deadline ahead),
+    ``armed`` (sampling), ``done`` (``patterns`` and ``resources`` hold the window),
+    ``failed`` (the probe could not profile: ``reason``), ``no probe`` (no process of the
+    rank answered before the deadline: not injected, opted out, or not Python)."""
+
+    rank: int
+    state: ProfileState
+    reason: str = ""
+    pid: int | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+    samples: int = 0
+    patterns: list[models.FunctionPattern] = Field(default_factory=list)
+    resources: list[ResourceUse] = Field(default_factory=list)
+
+
+class ProfileReport(_Wire):
+    id: str
+    node: str
+    deadline_ns: int | None = None  # None: no request of this id on this node
+    ranks: list[RankProfile] = Field(default_factory=list)

@@ -15,6 +15,8 @@ open the kubelet's exec and logs)::
                                   get    collscope.dev agents/data            name=<node>
     POST /v1/stacks               create collscope.dev agents/stacks          name=<node>
     POST /v1/flightrecorder       create collscope.dev agents/flightrecorder  name=<node>
+    POST /v1/profile              create collscope.dev agents/profile         name=<node>
+    GET  /v1/profile              get    collscope.dev agents/profile         name=<node>
     GET  /metrics                 get    non-resource /metrics (kube-rbac-proxy's convention,
                                          so Prometheus' usual ClusterRole covers it)
 
@@ -52,6 +54,8 @@ ROUTES: Final[Mapping[tuple[str, str], tuple[str, str]]] = {
     ("GET", "/v1/export"): ("get", "data"),
     ("POST", "/v1/stacks"): ("create", "stacks"),
     ("POST", "/v1/flightrecorder"): ("create", "flightrecorder"),
+    ("POST", "/v1/profile"): ("create", "profile"),
+    ("GET", "/v1/profile"): ("get", "profile"),
 }
 OPEN: Final = frozenset({"/livez", "/readyz"})
 NON_RESOURCE: Final = frozenset({"/metrics"})

@@ -47,7 +47,7 @@ from typing import Any, Final, TypeVar
 import pydantic
 from aiohttp import web
 
-from collscope.nodeagent import api, auth, errors, metrics, service, settings
+from collscope.nodeagent import api, auth, errors, metrics, profiling, service, settings
 from collscope.nodeagent.bundle import columnar
 
 log = logging.getLogger(__name__)
@@ -397,6 +397,25 @@ class Server:
         report = await self._run_in(self._slow, functools.partial(self.svc.flightrecorder, req))
         return await self._json(request, 200, report)
 
+    async def profile_arm(self, request: web.Request, q: Query, caller: str) -> web.StreamResponse:
+        _no_params(q)
+        req = await self._body(request, api.ProfileRequest)
+        self._limit(caller)
+        log.info("profile %s for %s from %s: ranks=%s window_s=%g", req.id, caller,
+                 request.remote, req.ranks, req.window_s)  # fmt: skip
+        fn = functools.partial(profiling.arm, self.svc, req)
+        return await self._json(request, 200, await self._run_in(self._quick, fn))
+
+    async def profile_report(
+        self, request: web.Request, q: Query, caller: str
+    ) -> web.StreamResponse:
+        _no_params(q, "id")
+        req_id = _one(q, "id")
+        if not req_id:
+            raise errors.QueryError("id", "the profile request's id is required")
+        fn = functools.partial(profiling.report, self.svc, req_id)
+        return await self._json(request, 200, await self._run_in(self._slow, fn))
+
     async def metrics(self, request: web.Request, q: Query, caller: str) -> web.StreamResponse:
         fn = functools.partial(metrics.render, self.registry)
         body, ctype = await self._run_in(self._quick, fn)
@@ -419,6 +438,8 @@ _ROUTES: dict[tuple[str, str], Route] = {
     ("GET", "/v1/export"): Server.export,
     ("POST", "/v1/stacks"): Server.stacks,
     ("POST", "/v1/flightrecorder"): Server.flightrecorder,
+    ("POST", "/v1/profile"): Server.profile_arm,
+    ("GET", "/v1/profile"): Server.profile_report,
     ("GET", "/metrics"): Server.metrics,
     ("GET", "/livez"): Server.livez,
     ("GET", "/readyz"): Server.readyz,

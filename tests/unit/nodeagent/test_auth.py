@@ -238,6 +238,6 @@ def test_every_route_but_health_needs_a_review() -> None:
         attrs = auth.attributes(method, path, "n")
         assert (attrs is None) == (path in auth.OPEN), path
     expensive = {p for (m, p), (verb, _) in auth.ROUTES.items() if verb == "create"}
-    assert expensive == {"/v1/stacks", "/v1/flightrecorder"}
+    assert expensive == {"/v1/stacks", "/v1/flightrecorder", "/v1/profile"}
     spec = json.dumps(auth.Attributes(verb="get", path="/metrics").spec())
     assert "resourceAttributes" not in spec.replace("nonResourceAttributes", "")
