@@ -158,7 +158,8 @@ async def _process(
         ]
         await _patch(api, namespace, name, new)
         meters: metrics.OperatorMetrics = memo.metrics
-        meters.diagnoses.labels(category=result.category or "none").inc()
+        category = result.category or "none"
+        meters.diagnoses.labels(category=category, namespace=namespace, trainingjob=job).inc()
         summary = _summary(result)
         if result.anomaly:
             kopf.warn(body, reason="Diagnosed", message=summary)

@@ -99,6 +99,7 @@ class Remediator:
     async def save(self, brk: breaker.Breaker, total_nodes: int) -> None:
         summary = brk.summary(total_nodes)
         self.meters.breaker_open.set(1 if brk.status == "Open" else 0)
+        self.meters.nodes_held.set(len(brk.state.held))
         await self.api.write_configmap(
             self.namespace,
             self.configmap,

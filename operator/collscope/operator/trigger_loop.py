@@ -300,7 +300,7 @@ async def _open_incident(
     rt.watched_when[diag] = rt.sample  # the replay of its analysis watches the same ranks
     if created:
         meters: metrics.OperatorMetrics = memo.metrics
-        meters.triggers.labels(kind=hit.kind).inc()
+        meters.triggers.labels(kind=hit.kind, namespace=namespace, trainingjob=name).inc()
         logger.info("trigger (%s): %s -> Diagnosis %s", hit.kind, hit.reason, diag)
         kopf.warn(body, reason="Triggered", message=f"{hit.kind}: {hit.reason}; Diagnosis {diag}")
     return {"time": status.timestamp(detected), "trigger": hit.kind, "diagnosis": diag,

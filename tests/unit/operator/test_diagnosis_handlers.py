@@ -293,6 +293,7 @@ async def test_breaker_stops_the_third_cordon_and_stays_open(harness: Any) -> No
         state = breaker_state(harness)
         assert state["state"] == "Open" and state["held"] == ["n1", "n2"]
         assert memo.metrics.value("collscope_operator_breaker_open") == 1
+        assert memo.metrics.value("collscope_operator_breaker_nodes_held") == 2
         # Open means open: releasing a node does not close it, the next cordon is refused too.
         assert await uncordon(harness, memo, "n1")
         await post(harness, diagnosed("d4", "n4"))

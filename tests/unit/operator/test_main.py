@@ -39,17 +39,23 @@ def test_build_registers_every_handler() -> None:
 
 def test_metrics_are_prefixed() -> None:
     m = metrics.OperatorMetrics()
-    m.triggers.labels(kind="hang").inc()
-    m.diagnoses.labels(category="hang.gpu").inc()
+    m.triggers.labels(kind="hang", namespace="ml", trainingjob="llama").inc()
+    m.triggers.labels(kind="hang", namespace="ml", trainingjob="bert").inc()
+    m.diagnoses.labels(category="hang.gpu", namespace="ml", trainingjob="llama").inc()
     m.analysis_seconds.observe(0.3)
     m.agent_errors.labels(node="n1").inc()
     m.breaker_open.set(1)
+    m.nodes_held.set(2)
     text = exposition.generate_latest(m.registry).decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
              if line and not line.startswith("#")}  # fmt: skip
-    assert names and all(n.startswith("collscope_operator_") for n in names)
-    assert m.value("collscope_operator_triggers_total", {"kind": "hang"}) == 1
+    ours = {n for n in names if not n.startswith("process_")}
+    assert ours and all(n.startswith("collscope_operator_") for n in ours)
+    assert "process_cpu_seconds_total" in names  # prometheus_client's ProcessCollector
+    assert m.value("collscope_operator_triggers_total", {"kind": "hang"}) == 2  # summed
+    assert m.value("collscope_operator_triggers_total", {"trainingjob": "bert"}) == 1
     assert m.value("collscope_operator_breaker_open") == 1
+    assert m.value("collscope_operator_breaker_nodes_held") == 2
 
 
 def test_main_names_a_bad_variable(
