@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from collscope.nodeagent import agent, errors, hardware, settings
+from collscope.nodeagent import agent, errors, hardware, logs, settings, version
 
 log = logging.getLogger("collscope.nodeagent")
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([smh])$")
@@ -59,9 +59,7 @@ def main(
         if args.command == "export":
             return _export(args)
         config = configure(args, dict(os.environ))
-        logging.basicConfig(
-            level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        logs.configure(config.log_level, config.log_format)
         return _run(args, config, hardware or agent.default_hardware, proc_root)
     except (errors.CollscopeError, httpx.HTTPError, OSError) as e:
         print(f"collscope-agent: {e}", file=sys.stderr)
@@ -69,16 +67,34 @@ def main(
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="collscope-agent", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="sample the rings of this node and serve the HTTP API")
+    p = argparse.ArgumentParser(
+        prog="collscope-agent",
+        description="Run the collscope node agent (sample this node's trace rings, serve its "
+        "HTTP API), or export a running agent's window as a bundle.",
+        epilog="Every run flag overrides its COLLSCOPE_* variable (settings.py); unset flags "
+        "keep the variable's value, else the default shown.",
+    )
+    p.add_argument("--version", action="version", version=version.line("collscope-agent"))
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser(
+        "run",
+        help="sample the rings of this node and serve the HTTP API (the default)",
+        description="Sample the trace rings of this node's training processes and serve the "
+        "agent's HTTP API. Flags override the COLLSCOPE_* variables.",
+    )
     _run_flags(run)
     _run_flags(p)  # `collscope-agent --port 1` == `collscope-agent run --port 1`
-    ex = sub.add_parser("export", help="save a running agent's window as a bundle-v1 .tar.gz")
+    ex = sub.add_parser(
+        "export",
+        help="save a running agent's window as a bundle-v1 .tar.gz",
+        description="Ask a running agent (GET /v1/export) for a bundle-v1 of its window.",
+    )
     ex.add_argument("--agent", default="http://127.0.0.1:9464", help="the agent's base URL")
     ex.add_argument("--since", default=None, help="ns, 'now' or '-60s' (default: all held)")
     ex.add_argument("--until", default=None, help="ns, 'now' or '-10s' (default: now)")
-    ex.add_argument("--timeout-s", type=float, default=60.0)
+    ex.add_argument(
+        "--timeout-s", type=float, default=60.0, help="seconds to wait for the bundle (60)"
+    )
     ex.add_argument("--token-file", default=None, help="a bearer token to present (file)")
     ex.add_argument("--cacert", default=None, help="CA bundle verifying an https agent")
     ex.add_argument("out", type=pathlib.Path, help="the .tar.gz to write")
@@ -86,20 +102,113 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--discovery", choices=["kubelet", "directory"], default=argparse.SUPPRESS)
-    p.add_argument("--kubelet-pods-dir", default=argparse.SUPPRESS)
-    p.add_argument("--ring-volume", default=argparse.SUPPRESS)
-    p.add_argument("--trace-root", default=argparse.SUPPRESS)
-    p.add_argument("--host", default=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=argparse.SUPPRESS)
-    p.add_argument("--sample-interval-s", type=float, default=argparse.SUPPRESS)
-    p.add_argument("--window-s", type=float, default=argparse.SUPPRESS)
-    p.add_argument("--memory-cap-bytes", type=int, default=argparse.SUPPRESS)
-    p.add_argument("--node-name", default=argparse.SUPPRESS)
-    p.add_argument("--no-hardware", action="store_true", default=argparse.SUPPRESS)
-    p.add_argument("--auth", choices=["kubernetes", "none"], default=argparse.SUPPRESS)
-    p.add_argument("--tls-cert-file", default=argparse.SUPPRESS)
-    p.add_argument("--tls-key-file", default=argparse.SUPPRESS)
+    d = settings.Settings()
+    p.add_argument(
+        "--discovery",
+        choices=["kubelet", "directory"],
+        default=argparse.SUPPRESS,
+        help="find rings in the kubelet's pod volumes, or any *.ring under --trace-root "
+        f"(COLLSCOPE_DISCOVERY; default: {d.discovery.mode})",
+    )
+    p.add_argument(
+        "--kubelet-pods-dir",
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help="the kubelet's pod directory, kubelet --root-dir + /pods "
+        f"(COLLSCOPE_KUBELET_PODS_DIR; default: {d.discovery.kubelet_pods_dir})",
+    )
+    p.add_argument(
+        "--ring-volume",
+        default=argparse.SUPPRESS,
+        metavar="NAME",
+        help="the emptyDir volume holding a pod's rings "
+        f"(COLLSCOPE_RING_VOLUME; default: {d.discovery.ring_volume})",
+    )
+    p.add_argument(
+        "--trace-root",
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help="where --discovery directory looks for *.ring "
+        f"(COLLSCOPE_TRACE_ROOT; default: {d.discovery.trace_root})",
+    )
+    p.add_argument(
+        "--host",
+        default=argparse.SUPPRESS,
+        help=f"address to listen on (COLLSCOPE_LISTEN_HOST; default: {d.server.listen_host})",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=argparse.SUPPRESS,
+        help=f"port to listen on (COLLSCOPE_LISTEN_PORT; default: {d.server.listen_port})",
+    )
+    p.add_argument(
+        "--sample-interval-s",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="S",
+        help="seconds between samples of every ring "
+        f"(COLLSCOPE_SAMPLE_INTERVAL_S; default: {d.sampling.sample_interval_s:g})",
+    )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="S",
+        help="seconds of records kept per rank "
+        f"(COLLSCOPE_WINDOW_S; default: {d.window.window_s:g})",
+    )
+    p.add_argument(
+        "--memory-cap-bytes",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="memory cap of the whole window "
+        f"(COLLSCOPE_MEMORY_CAP_BYTES; default: {d.window.memory_cap_bytes})",
+    )
+    p.add_argument(
+        "--node-name",
+        default=argparse.SUPPRESS,
+        help="this node's name (NODE_NAME; default: the host name)",
+    )
+    p.add_argument(
+        "--no-hardware",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="sample no GPU or NIC counters (no NVML, no /sys reads)",
+    )
+    p.add_argument(
+        "--auth",
+        choices=["kubernetes", "none"],
+        default=argparse.SUPPRESS,
+        help="kubernetes: TokenReview + SubjectAccessReview for every call (needs TLS); none: "
+        f"serve anyone, a demo on one machine (COLLSCOPE_AUTH; default: {d.auth.mode})",
+    )
+    p.add_argument(
+        "--tls-cert-file",
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="serve https with this certificate (COLLSCOPE_TLS_CERT_FILE; default: plain http)",
+    )
+    p.add_argument(
+        "--tls-key-file",
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="the certificate's private key (COLLSCOPE_TLS_KEY_FILE)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=logs.LEVELS,
+        type=str.upper,
+        default=argparse.SUPPRESS,
+        help=f"least severe log lines kept (COLLSCOPE_LOG_LEVEL; default: {d.log_level})",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=argparse.SUPPRESS,
+        help=f"text, or one JSON object per line (COLLSCOPE_LOG_FORMAT; default: {d.log_format})",
+    )
 
 
 def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Settings:
@@ -133,10 +242,14 @@ def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Setting
     )
     auth = dataclasses.replace(s.auth, mode=f["auth"]) if "auth" in f else s.auth
     node = f.get("node_name", s.node_name)
+    level = f.get("log_level", s.log_level)
+    fmt = f.get("log_format", s.log_format)
     return settings.check(
         dataclasses.replace(
             s,
             node_name=node,
+            log_level=level,
+            log_format=fmt,
             discovery=d,
             sampling=smp,
             window=win,

@@ -31,7 +31,8 @@ line flags then override single fields with ``dataclasses.replace``. A bad value
     COLLSCOPE_HW_INTERVAL_S        1.0
     COLLSCOPE_SYS_ROOT             /sys
     COLLSCOPE_PYSPY                py-spy
-    COLLSCOPE_LOG_LEVEL            INFO
+    COLLSCOPE_LOG_LEVEL            INFO (DEBUG | INFO | WARNING | ERROR)
+    COLLSCOPE_LOG_FORMAT           text (text | json: one JSON object per line)
     NODE_NAME                      (downward API spec.nodeName; else the host name)
 """
 
@@ -43,7 +44,7 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Literal, TypeVar, cast
 
-from collscope.nodeagent import errors
+from collscope.nodeagent import errors, logs
 
 DiscoveryMode = Literal["kubelet", "directory"]
 AuthMode = Literal["kubernetes", "none"]
@@ -177,6 +178,8 @@ class Settings:
 
     node_name: str = ""
     log_level: str = "INFO"  # COLLSCOPE_LOG_LEVEL: DEBUG | INFO | WARNING | ERROR
+    # COLLSCOPE_LOG_FORMAT: text for people, json for a log collector (logs.py).
+    log_format: logs.LogFormat = "text"
     discovery: DiscoverySettings = DiscoverySettings()
     sampling: SamplingSettings = SamplingSettings()
     window: WindowSettings = WindowSettings()
@@ -208,6 +211,7 @@ class Settings:
         return cls(
             node_name=env.get("NODE_NAME") or socket.gethostname(),
             log_level=get("COLLSCOPE_LOG_LEVEL", _level, "INFO"),
+            log_format=get("COLLSCOPE_LOG_FORMAT", _log_format, "text"),
             discovery=DiscoverySettings(
                 mode=get("COLLSCOPE_DISCOVERY", _mode, d.mode),
                 kubelet_pods_dir=get("COLLSCOPE_KUBELET_PODS_DIR", _text, d.kubelet_pods_dir),
@@ -309,6 +313,12 @@ def _level(name: str, raw: str) -> str:
     if raw.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise errors.SettingsError(name, raw, "must be DEBUG, INFO, WARNING or ERROR")
     return raw.upper()
+
+
+def _log_format(name: str, raw: str) -> logs.LogFormat:
+    if raw not in logs.FORMATS:
+        raise errors.SettingsError(name, raw, "must be 'text' or 'json'")
+    return cast(logs.LogFormat, raw)
 
 
 def _mode(name: str, raw: str) -> DiscoveryMode:

@@ -10,11 +10,19 @@ Peering: the ``ClusterKopfPeering`` named by ``COLLSCOPE_PEERING`` (mandatory th
 names one after the release so no other kopf operator shares it), else kopf's default
 (``default`` when it exists, else standalone); give each replica a distinct
 ``COLLSCOPE_PRIORITY`` for an active/standby pair.
+
+Arguments are parsed before anything touches the network: ``--help`` and ``--version`` never
+reach a cluster. ``--log-level`` and ``--log-format`` override ``COLLSCOPE_LOG_LEVEL`` and
+``COLLSCOPE_LOG_FORMAT``; logging (kopf's loggers included) is configured before kopf starts.
+Exit status: 0 stopped, 2 bad arguments or settings.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import dataclasses
+import logging
 import os
 import sys
 import time
@@ -23,6 +31,7 @@ from collections.abc import Callable, Sequence
 import kopf
 import prometheus_client
 
+from collscope.nodeagent import logs, version
 from collscope.operator import (
     diagnosis_handlers,
     errors,
@@ -35,6 +44,8 @@ from collscope.operator import (
     trigger_loop,
     webhook,
 )
+
+log = logging.getLogger("collscope.operator")
 
 
 def build(
@@ -100,15 +111,62 @@ def configure_kopf(
         ks.admission.server = webhook_server(config)
 
 
+def parser() -> argparse.ArgumentParser:
+    d = settings.Settings()
+    p = argparse.ArgumentParser(
+        prog="collscope-operator",
+        description="Run the collscope operator cluster-wide against the current Kubernetes "
+        "context (in a pod: its service account; else $KUBECONFIG or ~/.kube/config). It "
+        "watches TrainingJobs, polls their sampled ranks' agents, writes Diagnoses and, by "
+        "policy, cordons faulty nodes. Configured by COLLSCOPE_* variables (settings.py; the "
+        "chart sets them).",
+    )
+    p.add_argument("--version", action="version", version=version.line("collscope-operator"))
+    p.add_argument(
+        "--log-level",
+        choices=logs.LEVELS,
+        type=str.upper,
+        default=None,
+        help="least severe log lines kept, kopf's too; INFO shows every trigger, diagnosis "
+        f"and remediation decision (COLLSCOPE_LOG_LEVEL; default: {d.log_level})",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default=None,
+        help="text, or one JSON object per line for a log collector "
+        f"(COLLSCOPE_LOG_FORMAT; default: {d.log_format})",
+    )
+    return p
+
+
+def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Settings:
+    """Environment first, then the flags given."""
+    config = settings.Settings.from_env(env)
+    given = {k: getattr(args, k) for k in ("log_level", "log_format")}
+    return dataclasses.replace(config, **{k: v for k, v in given.items() if v is not None})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)  # --help, --version and bad flags exit here
     try:
-        config = settings.Settings.from_env(os.environ)
+        config = configure(args, dict(os.environ))
+        logs.configure(config.log_level, config.log_format)
         priority = int(os.environ.get("COLLSCOPE_PRIORITY", "0") or 0)
         peering = os.environ.get("COLLSCOPE_PEERING", "").strip()
         api = kube.Cluster.from_environment_cluster()
     except (errors.CollscopeError, ValueError) as e:
         print(f"collscope-operator: error: {e}", file=sys.stderr)
         return 2
+    log.info(
+        "%s starting: log level %s, peering %s (priority %d), metrics on :%s, health on :%s",
+        version.line("collscope-operator"),
+        config.log_level,
+        peering or "kopf's default",
+        priority,
+        config.metrics_port or "-",
+        config.health_port or "-",
+    )
     meters = metrics.OperatorMetrics()
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port, registry=meters.registry)
@@ -118,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
 
     @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: object) -> None:
+    def configure_startup(settings: kopf.OperatorSettings, **_: object) -> None:
         configure_kopf(settings, config, priority=priority, peering=peering)
 
     asyncio.run(

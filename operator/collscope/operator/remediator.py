@@ -135,7 +135,26 @@ class Remediator:
         window_s: float,
     ) -> Step:
         """The next step for Diagnosis ``diag`` (``ns/name``); ``pending``: its
-        ``status.confirmation`` while a re-check is due."""
+        ``status.confirmation`` while a re-check is due. Each decision is logged at INFO."""
+        step = await self._next_step(
+            diag, result, overrides, pending=pending, conditions=conditions,
+            generation=generation, hardware=hardware, window_s=window_s,
+        )  # fmt: skip
+        log.info("remediation of Diagnosis %s: %s", diag, decision_text(step))
+        return step
+
+    async def _next_step(
+        self,
+        diag: str,
+        result: diagnosis.Diagnosis,
+        overrides: Mapping[str, Any] | None,
+        *,
+        pending: Mapping[str, Any] | None,
+        conditions: Sequence[Mapping[str, Any]] | None,
+        generation: int | None,
+        hardware: HardwareSource,
+        window_s: float,
+    ) -> Step:
         now = self.now()
         notes: list[str] = []
         try:
@@ -363,6 +382,18 @@ class _Ctx:
                 text = f"{self.diag} named this node; not confirmed ({reason}): {message}"
                 await self.rem._node_event(node, "CollscopeNotConfirmed", text, warning=False)
         return Step(new, events)
+
+
+def decision_text(step: Step) -> str:
+    """A log line: ``cordoned node-7: cordon Done <why>``, ``pending (re-check in 30 s)``."""
+    acts = step.status.get("actions") or []
+    text = str(step.status.get("action") or "waiting for the re-check")
+    if acts:
+        a = acts[0]
+        text += f" {a.get('node') or ''}: {a['action']} {a['outcome']} {a.get('message') or ''}"
+    if step.retry_in_s is not None:
+        text += f" (re-check in {step.retry_in_s:.0f} s)"
+    return " ".join(text.split())
 
 
 def _record(

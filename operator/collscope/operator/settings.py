@@ -24,7 +24,10 @@ Environment (every variable optional; the bad one is named in ``SettingsError``)
 - ``COLLSCOPE_WEBHOOK_PORT`` (0 = no injection webhook; the chart uses 9443),
   ``COLLSCOPE_WEBHOOK_CERT_DIR`` (``tls.crt``/``tls.key`` of a cert-manager Secret; empty: plain
   HTTP, for a TLS-terminating proxy or tests), ``COLLSCOPE_PLUGIN_IMAGE`` (the image holding
-  the plugin, copied into pods by the injected init container).
+  the plugin, copied into pods by the injected init container);
+- ``COLLSCOPE_LOG_LEVEL`` (``INFO``: every trigger, diagnosis and remediation decision),
+  ``COLLSCOPE_LOG_FORMAT`` (``text``; ``json``: one object per line), for kopf's loggers too
+  (``collscope.nodeagent.logs``); ``--log-level``/``--log-format`` override them.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
+from collscope.nodeagent import logs
 from collscope.operator import breaker, errors, injection, policy
 
 DEFAULT_AGENT_URL: Final = "https://{node_ip}:{port}"
@@ -101,6 +105,9 @@ class Settings:
     webhook_port: int = 0
     webhook_cert_dir: str = ""
     injection: injection.InjectionSettings = field(default_factory=injection.InjectionSettings)
+    # INFO shows each trigger, diagnosis and remediation decision; WARNING only what went wrong.
+    log_level: str = "INFO"
+    log_format: logs.LogFormat = "text"  # json for a log collector
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -149,6 +156,8 @@ class Settings:
             injection=injection.InjectionSettings(
                 image=get("COLLSCOPE_PLUGIN_IMAGE", str, d.injection.image)
             ),
+            log_level=get("COLLSCOPE_LOG_LEVEL", _log_level, d.log_level),
+            log_format=get("COLLSCOPE_LOG_FORMAT", _log_format, d.log_format),
         )
 
 
@@ -167,6 +176,18 @@ def _positive(raw: str) -> float:
     if not value > 0:
         raise ValueError("must be > 0")
     return value
+
+
+def _log_level(raw: str) -> str:
+    if raw.upper() not in logs.LEVELS:
+        raise ValueError(f"must be one of {', '.join(logs.LEVELS)}")
+    return raw.upper()
+
+
+def _log_format(raw: str) -> logs.LogFormat:
+    if raw not in logs.FORMATS:
+        raise ValueError("must be 'text' or 'json'")
+    return cast(logs.LogFormat, raw)
 
 
 def _template(raw: str) -> str:

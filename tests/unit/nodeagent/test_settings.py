@@ -102,3 +102,14 @@ def test_auth_variables() -> None:
     assert s.auth.expensive_burst == 3 and s.server.max_connections_per_peer == 16
     with pytest.raises(errors.SettingsError, match="COLLSCOPE_AUTH"):
         settings.Settings.from_env({"COLLSCOPE_AUTH": "off"})
+
+
+def test_log_level_and_format_from_the_environment_then_the_flags() -> None:
+    env = {"COLLSCOPE_LOG_LEVEL": "debug", "COLLSCOPE_LOG_FORMAT": "json", "COLLSCOPE_AUTH": "none"}
+    s = cli.configure(cli._parser().parse_args([]), env)
+    assert (s.log_level, s.log_format) == ("DEBUG", "json")
+    args = cli._parser().parse_args(["--log-level", "warning", "--log-format", "text"])
+    s = cli.configure(args, env)
+    assert (s.log_level, s.log_format) == ("WARNING", "text")
+    with pytest.raises(errors.SettingsError, match="COLLSCOPE_LOG_FORMAT"):
+        settings.Settings.from_env({"COLLSCOPE_LOG_FORMAT": "xml"})

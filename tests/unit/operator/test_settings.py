@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from collscope.operator import __main__ as main
 from collscope.operator import errors, settings
 
 
@@ -56,3 +57,14 @@ def test_the_agent_port_reaches_the_url() -> None:
         settings.Settings.from_env({"COLLSCOPE_AGENT_PORT": "70000"})
     s = settings.Settings.from_env({"COLLSCOPE_AGENT_TOKEN_FILE": ""})
     assert s.agents.token_file == ""
+
+
+def test_log_level_and_format_from_the_environment_then_the_flags() -> None:
+    env = {"COLLSCOPE_LOG_LEVEL": "debug", "COLLSCOPE_LOG_FORMAT": "json"}
+    s = main.configure(main.parser().parse_args([]), env)
+    assert (s.log_level, s.log_format) == ("DEBUG", "json")
+    s = main.configure(main.parser().parse_args(["--log-format", "text"]), env)
+    assert (s.log_level, s.log_format) == ("DEBUG", "text")
+    for name, value in (("COLLSCOPE_LOG_LEVEL", "LOUD"), ("COLLSCOPE_LOG_FORMAT", "xml")):
+        with pytest.raises(errors.SettingsError, match=name):
+            settings.Settings.from_env({name: value})
