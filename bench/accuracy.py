@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from collscope.nodeagent.bundle import reader, tables
+from collscope.operator import progress
 from collscope.operator.analysis import diagnosis, placement
 from collscope.operator.analysis import engine as analysis
 from collscope.operator.simulator import config, truth
@@ -454,10 +455,12 @@ def misdiagnosed(outcomes: list[Outcome]) -> list[str]:
 
 
 def _map(fn: Callable[[_In], _Out], items: Sequence[_In], jobs: int) -> list[_Out]:
+    """``fn`` over ``items`` with a progress bar on stderr (a terminal only)."""
+    bar = progress.Progress(f"{len(items)} cases")
     if jobs <= 1:
-        return [fn(i) for i in items]
+        return list(bar.count(map(fn, items), len(items)))
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(fn, items))
+        return list(bar.count(pool.map(fn, items), len(items)))
 
 
 def main(argv: list[str] | None = None) -> int:

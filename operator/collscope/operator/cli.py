@@ -23,9 +23,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from collscope.nodeagent import ring, ringrecords, ringstate
+from collscope.nodeagent import ring, ringrecords, ringstate, version
 from collscope.nodeagent.bundle import reader, writer
-from collscope.operator import errors, flow_commands, node_commands, pattern_commands, report
+from collscope.operator import (
+    errors,
+    flow_commands,
+    node_commands,
+    pattern_commands,
+    progress,
+    report,
+)
 from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis import engine as analysis
 from collscope.operator.analysis.flows import engine as flow_analysis
@@ -39,6 +46,29 @@ from collscope.operator.simulator import engine as simulator
 EXIT_OK = 0
 EXIT_MISMATCH = 1
 EXIT_BAD_INPUT = 2
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless it says its default itself.
+
+    argparse's ``ArgumentDefaultsHelpFormatter`` appends it to every option, which printed
+    "(default: a sensible split of --ranks) (default: None)"; an unset flag (None, False, an
+    empty list) has no default worth printing either.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        d = action.default
+        if (
+            not action.option_strings
+            or "default" in text
+            or d is None
+            or d is False
+            or d == []
+            or d is argparse.SUPPRESS
+        ):
+            return text
+        return text + " (default: %(default)s)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -63,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="collscope",
         description="Find the rank, GPU, NIC or node that hangs or slows a training job.",
     )
+    p.add_argument("--version", action="version", version=version.line("collscope"))
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sim = sub.add_parser(
@@ -74,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/spec/bundle-v1.md) plus truth.json. --kind flows: simulate several jobs on a "
         "shared leaf-spine fabric and write what a flow collector would export: a "
         "flows-only bundle (job.json with the fabric's GPUs, flows.jsonl) plus truth.json.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     sim.add_argument(
         "--kind",
@@ -194,15 +225,24 @@ def _parser() -> argparse.ArgumentParser:
 def _add_sim_options(p: argparse.ArgumentParser) -> None:
     d = config.SimConfig()
     p.add_argument("--ranks", type=int, default=d.ranks, help="world size")
-    p.add_argument("--gpus-per-node", type=int, default=d.gpus_per_node)
+    p.add_argument(
+        "--gpus-per-node", type=int, default=d.gpus_per_node, help="ranks (GPUs) per node"
+    )
     p.add_argument(
         "--tp",
         type=int,
         default=None,
         help="tensor-parallel size (default: a sensible split of --ranks)",
     )
-    p.add_argument("--pp", type=int, default=None, help="pipeline-parallel size")
-    p.add_argument("--dp", type=int, default=None, help="data-parallel size")
+    p.add_argument(
+        "--pp", type=int, default=None, help="pipeline-parallel size (default: see --tp)"
+    )
+    p.add_argument(
+        "--dp",
+        type=int,
+        default=None,
+        help="data-parallel size (default: see --tp; with --tp or --pp given, what remains)",
+    )
     p.add_argument(
         "--order", default=d.order, help="rank order of the dimensions, fastest-varying first"
     )
@@ -301,7 +341,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         return pattern_commands.simulate(args)
     cfg = sim_config(args)
     t0 = time.perf_counter()
-    result = simulator.simulate(cfg)
+    bar = progress.Progress(f"simulating {cfg.ranks} ranks")
+    result = simulator.simulate(cfg, progress=bar)
+    bar.done()
+    if bar.enabled:
+        print("writing the bundle ...", file=sys.stderr)
     out = writer.write(
         result.bundle,
         args.out,

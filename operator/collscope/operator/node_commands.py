@@ -30,7 +30,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "that were there before collscope acted are left alone. The node's place in the "
         "circuit breaker is freed. Deleting the job or its Diagnosis never releases a node.",
     )
-    unc.add_argument("node", metavar="NODE")
+    unc.add_argument("node", metavar="NODE", help="the Node to release")
     _cluster_options(unc)
     unc.set_defaults(func=_cmd_uncordon)
     brk = sub.add_parser(
@@ -39,7 +39,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         description="The breaker caps cordons per time window and nodes held at once; once "
         "tripped it refuses every cordon until a human resets it.",
     )
-    brk.add_argument("action", choices=["show", "reset"])
+    brk.add_argument(
+        "action",
+        choices=["show", "reset"],
+        help="show: print the breaker's state; reset: close a tripped breaker (needs --by)",
+    )
     brk.add_argument("--by", default="", help="who resets it (recorded; required for reset)")
     _cluster_options(brk)
     brk.set_defaults(func=_cmd_breaker)

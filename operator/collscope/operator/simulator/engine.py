@@ -12,6 +12,7 @@ faulty run of one seed share their jitter up to onset.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +31,14 @@ class SimResult:
     truth: truth_mod.Truth
 
 
-def simulate(cfg: config.SimConfig) -> SimResult:
-    """Simulate ``cfg`` (validated first) and return its bundle and ground truth."""
+def simulate(
+    cfg: config.SimConfig, *, progress: Callable[[float], None] | None = None
+) -> SimResult:
+    """Simulate ``cfg`` (validated first) and return its bundle and ground truth.
+
+    ``progress`` is told the fraction of simulated time every rank has passed (0 to 1), after
+    every step of the program (``collscope simulate`` draws a bar with it).
+    """
     cfg.validate()
     topo = topology.build(cfg)
     inj = faults.plan(cfg, topo)
@@ -54,9 +61,13 @@ def simulate(cfg: config.SimConfig) -> SimResult:
         ),
     )
     emit.comms(builder, topo, clk)
-    _run(cfg, topo, inj, builder, clk)
+    _run(cfg, topo, inj, builder, clk, progress=progress or _quiet)
     emit.hardware(builder, cfg, topo, inj.fx, clk)
     return SimResult(bundle=builder.build(), truth=inj.truth())
+
+
+def _quiet(_: float) -> None:
+    pass
 
 
 def _run(
@@ -65,6 +76,8 @@ def _run(
     inj: faults.Injector,
     builder: tables.BundleBuilder,
     clk: emit.Clock,
+    *,
+    progress: Callable[[float], None],
 ) -> None:
     jitter_rng = np.random.default_rng([cfg.seed, 1])
     clock = np.zeros(cfg.ranks)
@@ -82,8 +95,10 @@ def _run(
                 clock[step.ranks] = t0 + span * mult
             else:
                 _phase(cfg, topo, inj, builder=builder, clk=clk, phase=step, clock=clock, seqs=seqs)
-            if bool(np.all(clock >= cfg.duration_s)):
+            slowest = float(clock.min())
+            if slowest >= cfg.duration_s:
                 return
+            progress(slowest / cfg.duration_s)
         if not np.any(clock > before):  # e.g. zero layers and no DP/PP: nothing ever happens
             raise errors.SimulationError("an iteration of this workload takes no time")
 
