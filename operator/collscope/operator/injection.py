@@ -21,6 +21,16 @@ A pod whose annotations carry ``collscope.dev/diagnose: "true"`` gets:
   the pod says otherwise), where the agent looks: a few MB per rank kept out of the tmpfs, whose
   size limit evicts the pod when exceeded.
 
+- the dormant EROICA probe (``probe/site/``: ``sitecustomize.py`` + ``collscope_probe.py``,
+  standard library only) copied by the same init container into ``<plugin_dir>/probe`` and put
+  first on ``PYTHONPATH`` with ``COLLSCOPE_PROBE=dormant`` (``probe_env``): it sleeps until the
+  node agent arms it (``POST /v1/profile``). A container that sets ``PYTHONPATH`` by value gets
+  ours prepended. One that does not may still have one from its image's ``ENV``, which the
+  webhook cannot see and a pod-level ``PYTHONPATH`` would hide (breaking the training's
+  imports): such a container gets the probe only when the pod is annotated
+  ``collscope.dev/probe: "on"`` (the owner says the image sets none). ``"off"`` opts out
+  everywhere; a ``PYTHONPATH`` from ``valueFrom`` cannot be prepended to and is left alone.
+
 Rules: pods without the annotation are untouched ([]); anything the pod already has wins (an env
 var, volume, init container or mount path of the same name is kept as it is and ours skipped),
 so applying the patch and computing it again yields [] (idempotent). Lists the pod lacks are
@@ -55,6 +65,9 @@ PLUGIN_FILE = "libnccl-profiler-collscope.so"
 PLUGIN_ENV = "NCCL_PROFILER_PLUGIN"
 NEXT_PLUGIN_ENV = "COLLSCOPE_NEXT_PROFILER_PLUGIN"  # read by the native plugin (forwarding)
 FR_OPT_OUT_ANNOTATION = "collscope.dev/flight-recorder"  # "false": no Flight Recorder env
+PROBE_ANNOTATION = "collscope.dev/probe"  # "off": no probe; "on": set PYTHONPATH when unset
+PROBE_ENV = "COLLSCOPE_PROBE"
+PROBE_MODE = "dormant"  # collscope_probe: wait for the agent's arm file
 FR_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 # torch reads the buffer size under both names (FlightRecorder.hpp), ProcessGroupNCCL's pipe
 # under the second only: setting the second is right for every torch; either set is the pod's.
@@ -74,6 +87,7 @@ class InjectionSettings:
 
     image: str = "ghcr.io/collscope/collscope-agent:0.1.0"  # holds the built plugin
     image_plugin_path: str = f"/opt/collscope/lib/{PLUGIN_FILE}"  # where the image keeps it
+    image_probe_dir: str = "/opt/collscope/probe"  # the dormant probe in the image (Dockerfile)
     plugin_dir: str = "/opt/collscope-plugin"  # mount path of the plugin volume in the pod
     trace_dir: str = "/run/collscope"  # mount path of the tmpfs ring volume
     # tmpfs counts against the pod's memory; 8 ranks x 8 MiB rings fit with room to spare.
@@ -83,6 +97,11 @@ class InjectionSettings:
     @property
     def plugin_path(self) -> str:
         return f"{self.plugin_dir}/{PLUGIN_FILE}"
+
+    @property
+    def probe_dir(self) -> str:
+        """Where the pod finds the probe: ``cp -R`` puts the image's directory here."""
+        return f"{self.plugin_dir}/{self.image_probe_dir.rstrip('/').rsplit('/', 1)[-1]}"
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -125,6 +144,41 @@ def flight_recorder_wanted(pod: Mapping[str, Any]) -> bool:
     return str(annotations.get(FR_OPT_OUT_ANNOTATION, "true")).strip().lower() != "false"
 
 
+def probe_wanted(pod: Mapping[str, Any]) -> str:
+    """The pod's probe annotation: ``off``, ``on`` or ``auto`` (unset or anything else)."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    value = str(annotations.get(PROBE_ANNOTATION, "")).strip().lower()
+    if value in ("off", "false", "0"):
+        return "off"
+    return "on" if value in ("on", "true", "1") else "auto"
+
+
+def probe_env(
+    settings: InjectionSettings, container: Mapping[str, Any], base: str, wanted: str
+) -> tuple[list[Op], list[dict[str, Any]]]:
+    """What puts the probe first on the container's ``PYTHONPATH`` (module docstring): an op
+    replacing its entry by ``<probe_dir>:<its value>``, or an entry to add (``wanted == "on"``
+    only), each with ``COLLSCOPE_PROBE``; nothing when off, already there, or not safely
+    possible."""
+    if wanted == "off":
+        return [], []
+    mode = {"name": PROBE_ENV, "value": PROBE_MODE}
+    found = [j for j, e in enumerate(container.get("env") or ()) if e.get("name") == "PYTHONPATH"]
+    if not found:
+        path = {"name": "PYTHONPATH", "value": settings.probe_dir}
+        return ([], [path, mode]) if wanted == "on" else ([], [])
+    j = found[-1]  # the last entry of a name is effective
+    entry = container["env"][j]
+    if "valueFrom" in entry:
+        return [], []
+    value = str(entry.get("value") or "")
+    if value.split(":", maxsplit=1)[0] == settings.probe_dir:
+        return [], [mode]  # a second pass: only what may still be missing
+    joined = f"{settings.probe_dir}:{value}" if value else settings.probe_dir
+    new = {"name": "PYTHONPATH", "value": joined}
+    return [{"op": "replace", "path": f"{base}/env/{j}", "value": new}], [mode]
+
+
 def volumes(settings: InjectionSettings) -> list[dict[str, Any]]:
     return [
         {"name": PLUGIN_VOLUME, "emptyDir": {}},
@@ -139,7 +193,14 @@ def init_container(settings: InjectionSettings) -> dict[str, Any]:
     return {
         "name": INIT_CONTAINER,
         "image": settings.image,
-        "command": ["cp", settings.image_plugin_path, f"{settings.plugin_dir}/{PLUGIN_FILE}"],
+        # cp alone (the image may have no shell): the plugin file and the probe directory.
+        "command": [
+            "cp",
+            "-R",
+            settings.image_plugin_path,
+            settings.image_probe_dir,
+            f"{settings.plugin_dir}/",
+        ],
         "volumeMounts": [{"name": PLUGIN_VOLUME, "mountPath": settings.plugin_dir}],
         # A file copy: small requests keep the pod's effective requests unchanged.
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
@@ -189,6 +250,7 @@ def patch(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Op]:
         spec.get("initContainers"), "/spec/initContainers", [init_container(settings)], "name"
     )
     with_fr = flight_recorder_wanted(pod)
+    with_probe = probe_wanted(pod)
     for i, container in enumerate(spec.get("containers") or ()):
         base = patches.pointer("spec", "containers", str(i))
         ops += _chain_plugin(container, base, settings)
@@ -203,6 +265,9 @@ def patch(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Op]:
         env = env_vars(settings)
         if with_fr:
             env += flight_recorder_env(settings, container, has_trace_dir=ring_dir)
+        probe_ops, probe_vars = probe_env(settings, container, base, with_probe)
+        ops += probe_ops
+        env += probe_vars
         ops += _append(container.get("env"), f"{base}/env", env, "name")
         ops += _append(container.get("volumeMounts"), f"{base}/volumeMounts", wanted, "mountPath")
     return ops

@@ -43,7 +43,8 @@ def test_opted_in_pod_gets_everything() -> None:
     assert vols["collscope-trace"]["emptyDir"]["medium"] == "Memory"
     (init,) = out["spec"]["initContainers"]
     assert init["image"] == "registry.local/collscope:test"
-    assert init["command"][-1] == "/opt/collscope-plugin/libnccl-profiler-collscope.so"
+    assert init["command"] == ["cp", "-R", "/opt/collscope/lib/libnccl-profiler-collscope.so",
+                               "/opt/collscope/probe", "/opt/collscope-plugin/"]  # fmt: skip
     (c,) = out["spec"]["containers"]
     env = env_of(c)
     assert env["NCCL_PROFILER_PLUGIN"] == "/opt/collscope-plugin/libnccl-profiler-collscope.so"
