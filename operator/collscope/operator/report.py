@@ -1,13 +1,17 @@
-"""Human renderings of a Diagnosis: the summary `collscope analyze` prints and the
-`kubectl get diagnoses -o wide`-style table `collscope demo` prints.
+"""Human renderings of a Diagnosis: the summary `collscope analyze` prints and the table
+`collscope demo` prints, which is what `kubectl get diagnoses -o wide` shows for the Diagnosis
+the operator would write (``printer``: the CRD's printer columns evaluated on the object).
 
 Pure string building; the CLI decides where it goes.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Sequence
+from typing import Any
 
+from collscope.operator import printer, status
 from collscope.operator.analysis import diagnosis
 
 _NS_PER_S = 1_000_000_000
@@ -55,13 +59,6 @@ def culprit_label(c: diagnosis.Culprit) -> str:
     return label + (f" in DP group {c.group}" if c.group is not None else "")
 
 
-def _culprit_column(c: diagnosis.Culprit) -> str:
-    """The RANK column: a rank, else what the culprit is (a switch, a job)."""
-    if c.rank is not None:
-        return str(c.rank)
-    return c.switch or c.job or c.endpoint or "-"
-
-
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     """Left-aligned columns separated by three spaces, as kubectl prints them."""
     cells = [list(header), *[list(r) for r in rows]]
@@ -71,34 +68,47 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     )
 
 
-def diagnoses_wide(d: diagnosis.Diagnosis, *, name: str, job: str, age_s: float) -> str:
-    """One Diagnosis as `kubectl get diagnoses -o wide` shows it (printer columns of the CRD)."""
-    top = d.culprits[0] if d.culprits else None
-    row = [
-        name,
-        job,
-        d.trigger or "-",
-        d.category or "-",
-        (top.node or "-") if top else "-",
-        _culprit_column(top) if top else "-",
-        top.component if top else "-",
-        f"{d.confidence:.2f}",
-        "Diagnosed" if d.anomaly else "Healthy",
-        f"{age_s:.0f}s",
-    ]
-    header = [
-        "NAME",
-        "JOB",
-        "TRIGGER",
-        "CATEGORY",
-        "CULPRIT-NODE",
-        "RANK",
-        "COMPONENT",
-        "CONFIDENCE",
-        "PHASE",
-        "AGE",
-    ]
-    return table([row], header)
+def diagnosis_object(
+    d: diagnosis.Diagnosis,
+    *,
+    name: str,
+    job: str,
+    created: datetime.datetime,
+    namespace: str = "default",
+) -> dict[str, Any]:
+    """The Diagnosis the operator writes for ``d`` once analysed (phase ``Diagnosed``, no
+    remediation step yet: no ``action``), as the API server stores it."""
+    return {
+        "apiVersion": "collscope.dev/v1alpha1",
+        "kind": "Diagnosis",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "creationTimestamp": status.timestamp(created),
+        },
+        "spec": {"trainingJob": {"name": job}, "trigger": d.trigger or "manual"},
+        "status": status.diagnosis_status(
+            d, phase="Diagnosed", generation=1, conditions=None, now=created
+        ),
+    }
+
+
+def diagnoses_wide(
+    d: diagnosis.Diagnosis | None,
+    *,
+    name: str,
+    job: str,
+    age_s: float,
+    now: datetime.datetime | None = None,
+) -> str:
+    """What `kubectl get diagnoses -o wide` prints for the one Diagnosis ``d`` (created
+    ``age_s`` ago), or kubectl's answer when there is none (no trigger: no Diagnosis)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    objects = []
+    if d is not None:
+        created = now - datetime.timedelta(seconds=age_s)
+        objects.append(diagnosis_object(d, name=name, job=job, created=created))
+    return printer.table(objects, printer.diagnosis_columns(), wide=True, now=now)
 
 
 def _when(detected_at: int | None, start_ns: int | None) -> str:

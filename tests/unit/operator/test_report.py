@@ -41,3 +41,7 @@ def test_wide_table_has_printer_columns() -> None:
     head, row = text.splitlines()
     assert head.split()[:4] == ["NAME", "JOB", "TRIGGER", "CATEGORY"]
     assert "gpu-node-01" in row and "12" in row.split()
+    assert "Healthy" not in text  # no phase the CRD does not have
+    assert report.diagnoses_wide(None, name="d1", job="j", age_s=3) == (
+        "No resources found in default namespace."
+    )

@@ -7,9 +7,11 @@
    (``faults.choose``: from ``seed``).
 3. ``watch.watch`` runs the operator's trigger loop against the agents every second and, on a
    trigger, the Diagnosis handler's analysis.
-4. The result is printed as ``kubectl get diagnoses -o wide`` shows it, with the evidence
-   (``report``); the window is written as a bundle-v1 (with ``truth.json``) to ``out`` and a
-   self-contained HTML report (``htmlreport``) beside it.
+4. The result is printed as ``kubectl get diagnoses -o wide`` would print the Diagnosis the
+   operator writes (``report.diagnoses_wide``: the CRD's printer columns; with no trigger there
+   is no Diagnosis and kubectl's "No resources found"), with the evidence (``report``); the
+   window is written as a bundle-v1 (with ``truth.json``) to ``out`` and a self-contained HTML
+   report (``htmlreport``) beside it.
 
 Exit code 0 when the top culprit and category match the injected fault (or, for ``none``, when
 nothing triggered), 1 otherwise.
@@ -119,7 +121,11 @@ def run(
     diag = outcome.result
     name = f"{layout.job}-{outcome.hit.kind if outcome.hit else 'none'}-{seed}"
     shown = diag or diagnosis.Diagnosis(anomaly=False, evidence=_no_trigger(outcome))
-    wide = report.diagnoses_wide(shown, name=name, job=layout.job, age_s=elapsed)
+    # Age as kubectl counts it: since the Diagnosis was created, at the trigger.
+    age_s = elapsed
+    if diag is not None and diag.detected_at is not None:
+        age_s = time.time() - diag.detected_at / 1e9
+    wide = report.diagnoses_wide(diag, name=name, job=layout.job, age_s=age_s)
     summary = report.summary(shown, source="diagnosis", start_ns=int(onset * 1e9))
     path = None
     if outcome.bundle is not None:
