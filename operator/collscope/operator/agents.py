@@ -155,6 +155,18 @@ class AgentClient:
         """``POST /v1/flightrecorder``: Flight Recorder dumps of ranks on the node (JSON)."""
         return await self._post_json("/v1/flightrecorder", request)
 
+    async def profile_arm(self, request: api.ProfileRequest) -> api.ProfileArmed:
+        """``POST /v1/profile``: arm the probes of ranks on the node for a window."""
+        resp = await self._request(
+            "POST", "/v1/profile", content=request.model_dump_json().encode()
+        )
+        return _parse(api.ProfileArmed, resp.content, self._url("/v1/profile"))
+
+    async def profile_report(self, request_id: str) -> api.ProfileReport:
+        """``GET /v1/profile``: each armed rank's probe state and patterns."""
+        body = await self._get("/v1/profile", {"id": request_id})
+        return _parse(api.ProfileReport, body, self._url("/v1/profile"))
+
     # -- transport ------------------------------------------------------------------------
 
     def _url(self, path: str) -> str:

@@ -223,6 +223,8 @@ AGENT_CALLS: dict[str, tuple[Any, ...]] = {
     "hardware": (),
     "stacks": (agent_api.StacksRequest(ranks=[1]),),
     "flightrecorder": (agent_api.FlightRecorderRequest(ranks=[1]),),
+    "profile_arm": (agent_api.ProfileRequest(id="p", ranks=[1]),),
+    "profile_report": ("p",),
 }
 AGENT_KWARGS: dict[str, dict[str, Any]] = {
     "summaries": {"window_s": 5.0},
