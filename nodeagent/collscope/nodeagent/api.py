@@ -10,18 +10,32 @@ rank's writer as seen now (``liveness.py``; the ``liveness.jsonl`` lines of the 
 JSON-lines form leaves out so that operators from before it still read it). ``/v1/export``
 writes them as the bundle's ``liveness.jsonl``.
 
+Workloads: the agent keys what it holds by (workload, rank), the workload being the pod uid of
+the ring's pod (``RankInfo.workload``; ``dir-<hash>`` for a ring in no pod), since two jobs on
+one node each have a rank 0. ``workloads=<uid>,<uid>`` (a query parameter, or the requests'
+``workloads`` field) limits an answer or an action to those workloads' ranks: the operator
+names the pods of one job. Without it an answer is what it always was, except on a node where
+two workloads hold a rank that the request is about: then it is refused with 400 (parameter
+``workloads``) rather than mixed. ``TriggerSummary.workload`` says whose a summary is. A rank of
+a stacks or Flight Recorder request whose process is not visible on the host is an error of that
+rank in the report (``StackError.rank``, pid None), no longer a 400 for the whole request.
+All of this was added within ``v1``: an agent before it rejects ``workloads=`` as an unknown
+parameter and leaves ``RankInfo.workload`` out, so the operator names workloads only to agents
+that list them.
+
 Endpoints (``server.py``)::
 
     GET  /v1/ranks                                   RanksResponse
-    GET  /v1/summaries?ranks=1,2&window_s=5          SummariesResponse
+    GET  /v1/summaries?ranks=1,2&window_s=5          SummariesResponse (&workloads=..)
     GET  /v1/window?ranks=..&since=..&until=..       bundle-v1 records, application/x-ndjson
+                                                     (&workloads=..)
                                                      (or columnar, by Accept: see above)
     GET  /v1/hardware?since=..&until=..              HardwareResponse
     POST /v1/stacks          StacksRequest           the stacks report (py-spy), as JSON
     POST /v1/flightrecorder  FlightRecorderRequest   the Flight Recorder report, as JSON
     POST /v1/profile         ProfileRequest          ProfileArmed (arms the ranks' probes)
     GET  /v1/profile?id=..                           ProfileReport (β, μ, sigma per function)
-    GET  /v1/export?since=..&until=..                a bundle-v1 .tar.gz
+    GET  /v1/export?since=..&until=..                a bundle-v1 .tar.gz (&workloads=..)
     GET  /metrics  /livez  /readyz                   Prometheus text, HealthResponse x2
     any error                                        ErrorResponse (400, 404, 503, 500)
 """
@@ -60,6 +74,9 @@ class RankInfo(_Wire):
     pod_name: str = ""
     pod_namespace: str = ""
     pod_uid: str | None = None
+    # What the agent keys this ring's data by, with its rank: the pod uid from the kubelet's
+    # path (never from the header), ``dir-<hash>`` outside a pod; None from older agents.
+    workload: str | None = None
     node: str = ""
     ring_path: str
     health: Health
@@ -138,6 +155,8 @@ class TriggerSummary(_Wire):
     last_completion_ns: int | None  # latest completion held for the rank (any time)
     comms: list[CommActivity]
     in_flight: list[InFlightOp]  # most stalled first
+    workload: str | None = None  # whose rank it is (RankInfo.workload); None: older agents
+    pod_uid: str | None = None
 
 
 class SummariesResponse(_Wire):
@@ -177,10 +196,12 @@ Seconds = Annotated[float, Field(gt=0, le=120)]
 
 
 class StacksRequest(_Wire):
-    """Which processes to dump: ranks on this node, or raw pids (both: the union)."""
+    """Which processes to dump: ranks on this node (of ``workloads``: see the module
+    docstring), or raw pids (both: the union)."""
 
     ranks: list[int] | None = None
     pids: list[int] | None = None
+    workloads: list[str] | None = None
     timeout_s: Seconds = 5.0
 
 
@@ -193,6 +214,7 @@ class FlightRecorderRequest(_Wire):
     """
 
     ranks: list[int] | None = None
+    workloads: list[str] | None = None  # see the module docstring
     timeout_s: Seconds = 10.0
     max_entries: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
 

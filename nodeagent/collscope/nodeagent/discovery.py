@@ -8,6 +8,11 @@ so the pod uid comes from the path, and a ring vanishes with its pod when the ku
 the directory. Directory mode: every ``*.ring`` below a root (standalone nodes, tests); a pod
 uid is still taken from the path when the tree has the kubelet shape.
 
+Workload: what the agent keys a ring's data by, with its rank (two jobs on one node both have a
+rank 0). It is the pod uid, taken from the path the kubelet made (never from the ring header,
+which the tenant writes); a ring outside any pod directory gets ``dir-<16 hex>``, a hash of its
+directory, so the rings of one directory are one workload, stable across agent restarts.
+
 ``Discovery.scan()`` lists what is there now; ``changes()`` diffs it against the previous scan.
 Discovery never opens a file: a ring being created (magic 0) or corrupt is the sampler's
 business. Unreadable directories are skipped (a pod dir removed mid-scan is normal).
@@ -16,6 +21,7 @@ business. Unreadable directories are skipped (a pod dir removed mid-scan is norm
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import pathlib
 import re
@@ -26,14 +32,22 @@ from collscope.nodeagent import ids, settings
 EMPTY_DIR: Final = "kubernetes.io~empty-dir"  # plugin name with '/' escaped (DESIGN.md §3.1)
 SUFFIX: Final = ".ring"
 _POD_PATH = re.compile(r"(?:^|/)pods/([0-9a-fA-F-]{8,64})/volumes/")
+DIR_PREFIX: Final = "dir-"
+# 16 hex digits (64 bits) of the directory's hash: no two directories of a node collide by chance.
+_DIR_HEX = 16
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Found:
-    """One ring file: its path and the uid of the pod whose emptyDir holds it (None: unknown)."""
+    """One ring file: its path, the uid of the pod whose emptyDir holds it (None: unknown) and
+    its workload (``workload_of``)."""
 
     path: str
     pod_uid: ids.PodUID | None
+
+    @property
+    def workload(self) -> ids.Workload:
+        return workload_of(self.path, self.pod_uid)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,6 +60,14 @@ def pod_uid_of(path: str) -> ids.PodUID | None:
     """The pod uid in a kubelet-shaped path, e.g. ``.../pods/<uid>/volumes/...``."""
     m = _POD_PATH.search(path)
     return ids.PodUID(m.group(1)) if m else None
+
+
+def workload_of(path: str, pod_uid: ids.PodUID | None) -> ids.Workload:
+    """The pod uid, or ``dir-<hash of the ring's directory>`` for a ring in no pod."""
+    if pod_uid:
+        return ids.Workload(pod_uid)
+    digest = hashlib.sha256(os.path.dirname(path).encode(errors="surrogateescape")).hexdigest()
+    return ids.Workload(DIR_PREFIX + digest[:_DIR_HEX])
 
 
 class Discovery:

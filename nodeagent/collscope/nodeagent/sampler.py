@@ -13,6 +13,12 @@ Each tick (Mycroft §4.2: a real-time state log beside the completion log):
    are then read with ``skip_pending`` (a writer that died mid-append never commits);
 3. the window evicts what is older than ``window_s`` or over the memory cap.
 
+Keys: each ring's data goes into the window under (its workload, its rank)
+(``discovery.workload_of``: its pod's uid), so two jobs on one node never mix, and so do the
+peer tables that map communicator ranks to global ranks (``livestate.Names``, one per
+workload: a tenant's ring naming another job's communicator hash cannot rewrite that job's
+peers). The rings of one workload are read in one batch per tick, as before.
+
 Restart: a new agent starts each ring's cursor at the oldest record still in it
 (``first_cursor``), so an agent restarted mid-stream recovers what the ring still holds.
 A read error on one ring (truncated, corrupted while open) closes that ring only.
@@ -57,6 +63,7 @@ class Tracked:
 
     path: str
     pod_uid: ids.PodUID | None
+    workload: str = ""  # discovery.workload_of: the window's key with the rank
     reader: ring.Ring | None = None
     identity: ring.Identity | None = None
     status: ringstate.Status | None = None
@@ -107,7 +114,7 @@ class Sampler:
         self.clock_ns = clock_ns
         self.stats = Stats()
         self._tracked: dict[str, Tracked] = {}
-        self._names = livestate.Names(win.comm_ids, win.strings)
+        self._names: dict[str, livestate.Names] = {}  # workload -> its peer tables
         self._last_scan_ns: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -174,10 +181,16 @@ class Sampler:
         for f in change.added:
             old = self._tracked.get(f.path)
             if old is None or old.health == "retired":
-                self._tracked[f.path] = Tracked(f.path, f.pod_uid)
+                self._tracked[f.path] = Tracked(f.path, f.pod_uid, f.workload)
         horizon = now - self.window.window_ns
-        for path in [p for p, t in self._tracked.items() if (t.retired_ns or now) < horizon]:
-            del self._tracked[path]
+        gone = [p for p, t in self._tracked.items() if (t.retired_ns or now) < horizon]
+        if gone:
+            dropped = {_key(self._tracked.pop(p)) for p in gone}
+            held = {_key(t) for t in self._tracked.values()}
+            self.window.forget(k for k in dropped - held if k is not None)
+            workloads = {t.workload for t in self._tracked.values()}
+            for w in [w for w in self._names if w not in workloads]:
+                del self._names[w]
         for t in self._tracked.values():
             if t.reader is None and t.health != "retired":
                 self._open(t)
@@ -265,29 +278,49 @@ class Sampler:
             self.stats.events_missed += missed
             if ident.rank is None:
                 return None  # no RANK in the writer's environment: listed, not windowed
-            ops = self._op_rows(ident.rank, events)
+            ops = self._op_rows(t, ident.rank, events)
         except (errors.RingError, OSError, ValueError) as e:
             self._broken(t, e)
             return None
         return livestate.Part(t.path, ident.rank, copies, taken), ops
 
     def _windows(self, read: list[tuple[Tracked, tuple[livestate.Part, tables.Table]]]) -> None:
-        """State rows of every ring read, in one batch, into the window."""
+        """State rows of every ring read, in one batch per workload, into the window."""
+        batches: dict[str, list[tuple[Tracked, tuple[livestate.Part, tables.Table]]]] = {}
+        for item in read:
+            batches.setdefault(item[0].workload, []).append(item)
+        for workload, batch in batches.items():
+            self._window(self._names_of(workload), batch)
+
+    def _window(
+        self,
+        names: livestate.Names,
+        read: list[tuple[Tracked, tuple[livestate.Part, tables.Table]]],
+    ) -> None:
         try:
-            rows = livestate.state_rows_batch([p for _, (p, _) in read], self._names)
+            rows = livestate.state_rows_batch([p for _, (p, _) in read], names)
         except errors.RingCorrupt:
             rows = []  # one ring's slot is out of its domain: find which, one by one
             for t, (p, _) in read:
                 try:
-                    rows.append(livestate.state_rows_batch([p], self._names)[0])
+                    rows.append(livestate.state_rows_batch([p], names)[0])
                 except errors.RingCorrupt as e:
                     self._broken(t, e)
                     rows.append(livestate.EMPTY)
         for (t, (p, ops)), r in zip(read, rows, strict=True):
+            w = t.workload
             if t.reader is None:
-                self.window.add(p.rank, ops=ops)  # broken just now: its completions hold
+                self.window.add(p.rank, workload=w, ops=ops)  # broken just now: its ops hold
             else:
-                self.window.add(p.rank, states=r.states, flows=r.flows, ops=ops)
+                self.window.add(p.rank, workload=w, states=r.states, flows=r.flows, ops=ops)
+
+    def _names_of(self, workload: str) -> livestate.Names:
+        names = self._names.get(workload)
+        if names is None:
+            names = self._names[workload] = livestate.Names(
+                self.window.comm_ids, self.window.strings
+            )
+        return names
 
     def _broken(self, t: Tracked, e: BaseException) -> None:
         _close(t)
@@ -328,14 +361,16 @@ class Sampler:
         t.comm_keys = keys
         if rank is None:
             return
+        names = self._names_of(t.workload)
         for h, comm_rank, _ in keys:
-            self._names.learn_peer(h, comm_rank, rank)
-        self.window.add_comms(livestate.comm_records(t.path, rank, copies))
+            names.learn_peer(h, comm_rank, rank)
+        self.window.add_comms(livestate.comm_records(t.path, rank, copies), workload=t.workload)
 
-    def _op_rows(self, rank: int, events: list[ringevents.Event]) -> tables.Table:
-        rows, inits = eventrows.op_rows(rank, events, self._names, self.window.strings)
+    def _op_rows(self, t: Tracked, rank: int, events: list[ringevents.Event]) -> tables.Table:
+        names = self._names_of(t.workload)
+        rows, inits = eventrows.op_rows(rank, events, names, self.window.strings)
         if inits:
-            self.window.add_comms(inits, replace=False)
+            self.window.add_comms(inits, workload=t.workload, replace=False)
         return rows
 
 
@@ -345,6 +380,12 @@ def _health(status: ringstate.Status, now_ns: int, stale_after_s: float) -> str:
     if now_ns - status.heartbeat_ns > stale_after_s * _NS:
         return "stale"
     return "live"
+
+
+def _key(t: Tracked) -> tuple[str, int] | None:
+    """The ring's window key, None while its rank is not known."""
+    rank = t.identity.rank if t.identity is not None else None
+    return None if rank is None else (t.workload, rank)
 
 
 def _close(t: Tracked) -> None:

@@ -37,6 +37,7 @@ import http
 import logging
 import math
 import os
+import re
 import socket
 import ssl
 import threading
@@ -65,6 +66,7 @@ _REFUSED: Final = (
 )
 
 Query = dict[str, list[str]]
+_WORKLOAD: Final = re.compile(r"[0-9A-Za-z-]{1,64}")  # a pod uid, or discovery's dir-<hex>
 
 
 class Refusal(Exception):  # noqa: N818 - an answer, not an error: never leaves this module
@@ -339,22 +341,22 @@ class Server:
         return await self._json(request, 200, await self._run_in(self._quick, self.svc.ranks))
 
     async def summaries(self, request: web.Request, q: Query, caller: str) -> web.StreamResponse:
-        _no_params(q, "ranks", "window_s")
+        _no_params(q, "ranks", "window_s", "workloads")
         window_s = _float(q, "window_s", 5.0)
         if window_s > self.svc.window.window_ns / 1e9:
             raise errors.QueryError("window_s", "longer than the agent's window")
-        fn = functools.partial(self.svc.summaries, _ranks(q), window_s)
+        fn = functools.partial(self.svc.summaries, _ranks(q), window_s, _workloads(q))
         return await self._json(request, 200, await self._run_in(self._quick, fn))
 
     async def window(self, request: web.Request, q: Query, caller: str) -> web.StreamResponse:
-        _no_params(q, "ranks", "since", "until")
+        _no_params(q, "ranks", "since", "until", "workloads")
         since, until = _range(q)
-        ranks = _ranks(q)
+        ranks, workloads = _ranks(q), _workloads(q)
         if accepts(request.headers.getall("Accept", []), columnar.MEDIA_TYPE):
-            fn = functools.partial(self.svc.window_columns, ranks, since, until)
+            fn = functools.partial(self.svc.window_columns, ranks, since, until, workloads)
             body = await self._run_in(self._quick, fn)
             return await self._bytes(request, 200, body, columnar.MEDIA_TYPE)
-        lines = functools.partial(self.svc.window_lines, ranks, since, until)
+        lines = functools.partial(self.svc.window_lines, ranks, since, until, workloads)
         blocks = iter(await self._run_in(self._quick, lines))
         resp = web.StreamResponse(status=200)
         resp.headers["Content-Type"] = NDJSON
@@ -370,8 +372,9 @@ class Server:
         return await self._json(request, 200, await self._run_in(self._quick, fn))
 
     async def export(self, request: web.Request, q: Query, caller: str) -> web.StreamResponse:
-        _no_params(q, "since", "until")
-        body = await self._run_in(self._slow, functools.partial(self.svc.export, *_range(q)))
+        _no_params(q, "since", "until", "workloads")
+        fn = functools.partial(self.svc.export, *_range(q), _workloads(q))
+        body = await self._run_in(self._slow, fn)
         name = f"collscope-{self.svc.node}.tar.gz"
         disposition = f'attachment; filename="{name}"'
         return await self._bytes(
@@ -617,6 +620,17 @@ def _ranks(q: Query) -> list[int] | None:
         raise errors.QueryError("ranks", f"{raw!r} is not a comma-separated list of ranks") from e
     if not out or min(out) < 0:
         raise errors.QueryError("ranks", f"{raw!r}: need one or more ranks >= 0")
+    return out
+
+
+def _workloads(q: Query) -> list[str] | None:
+    """``workloads=<pod uid>,..`` (``api.RankInfo.workload``), None when not given."""
+    raw = _one(q, "workloads")
+    if raw is None:
+        return None
+    out = [x.strip() for x in raw.split(",") if x.strip()]
+    if not out or not all(_WORKLOAD.fullmatch(x) for x in out):
+        raise errors.QueryError("workloads", f"{raw[:200]!r}: need one or more workload ids")
     return out
 
 

@@ -22,6 +22,17 @@ devices no ring uses, with rank 0.
 
 Each may be None: the matching endpoint then answers 503 with ``errors.UnavailableError``.
 ``server.py`` maps this class to HTTP.
+
+Workloads: the window is keyed by (workload, rank) (``window.py``), and so is every answer. A
+request may name ``workloads`` (pod uids; ``RankInfo.workload``): it sees and acts on those
+workloads' ranks only; one that names none is answered as before unless two workloads hold a
+rank it is about (``selection.py`` says when it is refused instead of mixed). Summaries of all
+ranks list each (workload, rank) apart. A rank whose writer's pid cannot be resolved on the
+host (hidden, or a forged ring header) is that rank's error in the stacks or Flight Recorder
+report, not the request's.
+
+Past 400 lines: every endpoint's answer is put together here from the sampler, the window and
+the injected capabilities; ``hw_owners`` and the helpers at the end are what would move out first.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ from collscope.nodeagent import (
     flightrecorder,
     liveness,
     sampler,
+    selection,
+    stacks,
     summary,
     window,
 )
@@ -105,7 +118,8 @@ class Service:
         out = []
         for t in self.sampler.rings():
             i, s = t.identity, t.status
-            span = self.window.span(i.rank) if i is not None and i.rank is not None else None
+            rank = None if i is None else i.rank
+            span = None if rank is None else self.window.span(rank, t.workload)
             place = self.placement(t)
             gpu = place.gpu
             out.append(
@@ -119,6 +133,7 @@ class Service:
                     pod_name="" if i is None else i.pod_name,
                     pod_namespace="" if i is None else i.pod_namespace,
                     pod_uid=t.pod_uid,
+                    workload=t.workload,
                     node=(i.node_name if i is not None and i.node_name else self.node),
                     ring_path=t.path,
                     health=_health(t.health),
@@ -145,48 +160,69 @@ class Service:
         out.sort(key=lambda r: (r.rank is None, r.rank or 0, r.ring_path))
         return api.RanksResponse(node=self.node, now_ns=self.clock_ns(), ranks=out)
 
-    def summaries(self, ranks: Sequence[int] | None, window_s: float) -> api.SummariesResponse:
+    def summaries(
+        self,
+        ranks: Sequence[int] | None,
+        window_s: float,
+        workloads: Sequence[str] | None = None,
+    ) -> api.SummariesResponse:
+        """One summary per (workload, rank) asked for (``select``; all ranks: each key)."""
         now = self.clock_ns()
-        known = self._rank_rings()
-        wanted = sorted(known) if ranks is None else sorted(set(ranks))
-        for r in wanted:
-            if r not in known:
-                raise errors.QueryError("ranks", f"rank {r} has no ring on node {self.node}")
+        known = self._rings()
+        wanted = self.select(ranks, workloads, unique=False)
         # The summary window plus two sampling periods' slack for the latest state sample.
         slack = 2 * int(self.sampler.config.sample_interval_s * _NS)
         since = now - int(window_s * _NS) - slack
-        view = self.window.bundle(_job(wanted), ranks=wanted, since_ns=since, until_ns=now)
         out = []
-        for r in wanted:
-            rings = known[r]
-            sampled = max((t.last_sample_ns for t in rings), default=0) or None
-            out.append(
-                summary.summarize(
+        for w, keys in selection.by_workload(wanted).items():
+            rs = [r for _, r in keys]
+            view = self.window.bundle(_job(rs), keys=keys, since_ns=since, until_ns=now)
+            for key in keys:
+                rings = known[key]
+                sampled = max((t.last_sample_ns for t in rings), default=0) or None
+                s = summary.summarize(
                     view,
-                    r,
+                    key[1],
                     now_ns=now,
                     window_s=window_s,
                     sampled_ns=sampled,
                     health=_best(rings),
-                    last_completion_ns=self.window.last_completion(r),
+                    last_completion_ns=self.window.last_completion(key[1], w),
                 )
-            )
+                out.append(s.model_copy(update={"workload": w, "pod_uid": rings[0].pod_uid}))
+        out.sort(key=lambda s: (s.rank, s.workload or ""))
         return api.SummariesResponse(node=self.node, now_ns=now, summaries=out)
+
+    def select(
+        self, ranks: Sequence[int] | None, workloads: Sequence[str] | None, *, unique: bool = True
+    ) -> list[window.Key]:
+        """The (workload, rank) keys a request is about (``selection.select``; ``unique``: the
+        answer is keyed by rank alone). ``errors.QueryError`` for a rank without a ring and for
+        an ambiguous request."""
+        return selection.select(self._rings(), ranks, workloads, unique=unique, node=self.node)
 
     # -- records --------------------------------------------------------------------------
     def window_lines(
-        self, ranks: Sequence[int] | None, since_ns: int | None, until_ns: int | None
+        self,
+        ranks: Sequence[int] | None,
+        since_ns: int | None,
+        until_ns: int | None,
+        workloads: Sequence[str] | None = None,
     ) -> Iterator[str]:
         """bundle-v1 records as JSON-lines text blocks (writer's fast formatter), the node's
         hardware samples of the ranks' devices included."""
-        b = self.bundle(ranks, since_ns, until_ns)
+        b = self.bundle(ranks, since_ns, until_ns, workloads=workloads)
         return writer.record_blocks(b)
 
     def window_columns(
-        self, ranks: Sequence[int] | None, since_ns: int | None, until_ns: int | None
+        self,
+        ranks: Sequence[int] | None,
+        since_ns: int | None,
+        until_ns: int | None,
+        workloads: Sequence[str] | None = None,
     ) -> bytes:
         """The same records as ``window_lines``, in the columnar wire form (``columnar``)."""
-        return columnar.encode(self.bundle(ranks, since_ns, until_ns))
+        return columnar.encode(self.bundle(ranks, since_ns, until_ns, workloads=workloads))
 
     def bundle(
         self,
@@ -194,36 +230,46 @@ class Service:
         since_ns: int | None,
         until_ns: int | None,
         *,
+        workloads: Sequence[str] | None = None,
         with_hw: bool = True,
     ) -> tables.Bundle:
+        """The window of ``ranks`` of ``workloads`` (``select``); hardware records of devices
+        no selected rank uses only when neither is named (a whole, unshared node)."""
+        keys = self.select(ranks, workloads)
         hw: list[models.HwRecord] = []
         if with_hw and self.hardware is not None:
             hw = self.hardware.window(since_ns or 0, until_ns or self.clock_ns())
-        job = self.job()
+        job = self.job(keys)
+        whole = ranks is None and workloads is None
         return self.window.bundle(
             job,
-            ranks=ranks,
+            keys=keys,
             since_ns=since_ns,
             until_ns=until_ns,
             hw=hw,
-            hw_ranks=hw_owners(job, {h.device for h in hw}, ranks),
-            hw_others=ranks is None,
-            liveness=self.liveness_of(ranks),
+            hw_ranks=hw_owners(job, {h.device for h in hw}, None),  # job: the keys' ranks only
+            hw_others=whole,
+            liveness=self._liveness(keys),
         )
 
-    def liveness_of(self, ranks: Sequence[int] | None) -> list[models.LivenessRecord]:
-        """The writer of each of ``ranks`` (None: all) as seen now: its ring's last heartbeat
-        and its process (``liveness``). One record per rank, from its newest ring (a rank
-        restarted in a new process has written a new ring)."""
-        newest: dict[int, sampler.Tracked] = {}
-        for r, rings in self._rank_rings().items():
-            if ranks is not None and r not in ranks:
-                continue
-            seen = [t for t in rings if t.status is not None and t.identity is not None]
+    def liveness_of(
+        self, ranks: Sequence[int] | None, workloads: Sequence[str] | None = None
+    ) -> list[models.LivenessRecord]:
+        """The writer of each of ``ranks`` (None: all) of ``workloads`` (``select``) as seen
+        now: its ring's last heartbeat and its process (``liveness``)."""
+        return self._liveness(self.select(ranks, workloads))
+
+    def _liveness(self, keys: Sequence[window.Key]) -> list[models.LivenessRecord]:
+        """One record per key, from its newest ring (a rank restarted in a new process has
+        written a new ring)."""
+        newest: dict[window.Key, sampler.Tracked] = {}
+        known = self._rings()
+        for key in keys:
+            seen = [t for t in known.get(key, ()) if t.status is not None and t.identity]
             if seen:
-                newest[r] = max(seen, key=lambda t: t.identity.init_ns if t.identity else 0)
+                newest[key] = max(seen, key=lambda t: t.identity.init_ns if t.identity else 0)
         out = []
-        for r, t in sorted(newest.items()):
+        for (_, r), t in sorted(newest.items()):
             assert t.status is not None and t.identity is not None
             out.append(
                 liveness.record(
@@ -245,22 +291,29 @@ class Service:
             return "unknown"
         return self.probe.state(pid, ns_pid=i.pid, ring_init_ns=i.init_ns)
 
-    def export(self, since_ns: int | None, until_ns: int | None) -> bytes:
-        """The window as a bundle-v1 ``.tar.gz`` (bytes), hardware samples included."""
-        b = self.bundle(None, since_ns, until_ns)
+    def export(
+        self, since_ns: int | None, until_ns: int | None, workloads: Sequence[str] | None = None
+    ) -> bytes:
+        """The window (of ``workloads``; None: the node's, refused where two hold one rank) as
+        a bundle-v1 ``.tar.gz`` (bytes), hardware samples included."""
+        b = self.bundle(None, since_ns, until_ns, workloads=workloads)
         with tempfile.TemporaryDirectory(prefix="collscope-export-") as tmp:
             out = writer.write(b, pathlib.Path(tmp) / f"collscope-{self.node}.tar.gz")
             return out.read_bytes()
 
-    def job(self) -> models.Job:
-        """``job.json`` from what the agent knows: world size, and per rank node, pod, GPU
-        (index and UUID) and NIC from the device map."""
+    def job(self, keys: Sequence[window.Key] | None = None) -> models.Job:
+        """``job.json`` of ``keys`` (None: every ring's, keys of one rank must then not
+        collide) from what the agent knows: world size, and per rank node, pod, GPU (index and
+        UUID) and NIC from the device map."""
         gpus = self.hardware.gpu_processes() if self.hardware is not None else {}
         infos: dict[int, models.RankInfo] = {}
         world = 1
+        chosen = None if keys is None else set(keys)
         for t in self.sampler.rings():
             i = t.identity
             if i is None or i.rank is None:
+                continue
+            if chosen is not None and (t.workload, i.rank) not in chosen:
                 continue
             world = max(world, i.world_size or 0, i.rank + 1)
             if i.rank in infos and t.health == "retired":
@@ -274,7 +327,7 @@ class Service:
                 gpu_uuid=place.gpu.uuid if place.gpu else None,
                 nic=place.nic,
             )
-        for r in self.window.ranks():
+        for _, r in self.window.held() if keys is None else keys:
             world = max(world, r + 1)
         return models.Job(world_size=world, ranks=[infos[r] for r in sorted(infos)])
 
@@ -293,22 +346,45 @@ class Service:
         )
 
     def stacks(self, req: api.StacksRequest) -> pydantic.BaseModel:
+        """py-spy stacks of ``req.pids`` and of the writers of ``req.ranks`` (of
+        ``req.workloads``); a rank whose writer is not visible on the host is that rank's
+        ``StackError`` (pid None), the others are still dumped."""
         dump = _need(self.stacks_dumper, "stacks (py-spy)")
-        return dump(self._pids(req.ranks, req.pids), req.timeout_s)
+        pids = set(req.pids or ())
+        hidden: list[stacks.StackError] = []
+        for (_, r), rings in self._live(req.ranks, req.workloads) if req.ranks else ():
+            for t in rings:
+                pid = self.host_pid(t)
+                if pid is None:
+                    hidden.append(stacks.StackError(pid=None, rank=r, reason=self._hidden(r, t)))
+                else:
+                    pids.add(pid)
+        if not pids and not hidden:
+            raise errors.QueryError("ranks", "no rank or pid given")
+        report = dump(sorted(pids), req.timeout_s) if pids else stacks.StacksReport()
+        if hidden and isinstance(report, stacks.StacksReport):
+            report = report.model_copy(update={"errors": [*report.errors, *hidden]})
+        return report
 
     def flightrecorder(self, req: api.FlightRecorderRequest) -> flightrecorder.FlightRecorderReport:
+        """Flight Recorder dumps of ``req.ranks`` (None: all) of ``req.workloads``; a rank
+        whose writer is not visible on the host is that rank's failure in the report."""
         fr = _need(self.flightrecorder_dumper, "Flight Recorder")
-        known = self._rank_rings()
-        ranks = req.ranks if req.ranks is not None else sorted(known)
         targets: list[tuple[int, int]] = []
-        for r in ranks:
-            rings = [t for t in known.get(r, []) if t.health != "retired" and t.identity]
-            if not rings:
-                raise errors.QueryError("ranks", f"rank {r} has no ring on node {self.node}")
-            targets += [(r, self._resolve(r, t)) for t in rings]
-        if not targets:
+        hidden: list[flightrecorder.RankFailure] = []
+        for (_, r), rings in self._live(req.ranks, req.workloads):
+            for t in rings:
+                pid = self.host_pid(t)
+                if pid is None:
+                    hidden.append(flightrecorder.RankFailure(rank=r, reason=self._hidden(r, t)))
+                else:
+                    targets.append((r, pid))
+        if not targets and not hidden:
             raise errors.QueryError("ranks", "no rank with a ring on this node")
-        report = fr(targets, req.timeout_s)
+        report = fr(targets, req.timeout_s) if targets else flightrecorder.FlightRecorderReport()
+        if hidden:
+            errs = sorted([*report.errors, *hidden], key=lambda f: f.rank)
+            report = report.model_copy(update={"errors": errs})
         if req.max_entries is not None:
             report = flightrecorder.newest(report, req.max_entries)
         return report
@@ -352,34 +428,28 @@ class Service:
             self.host_pid(t), local_rank=i.local_rank, key=(i.pid, i.init_ns, t.pod_uid)
         )
 
-    def _resolve(self, rank: int, t: sampler.Tracked) -> int:
-        pid = self.host_pid(t)
-        if pid is None:
-            raise errors.QueryError(
-                "ranks",
-                f"rank {rank}: its process (pid {t.identity.pid if t.identity else '?'} "
-                "in its container) is not visible on this host (hostPID?)",
-            )
-        return pid
+    def _hidden(self, rank: int, t: sampler.Tracked) -> str:
+        return (
+            f"rank {rank}: its process (pid {t.identity.pid if t.identity else '?'} in its "
+            "container) is not visible on this host (hostPID? a ring header naming another pid?)"
+        )
 
-    def _rank_rings(self) -> dict[int, list[sampler.Tracked]]:
-        out: dict[int, list[sampler.Tracked]] = {}
-        for t in self.sampler.rings():
-            if t.identity is not None and t.identity.rank is not None:
-                out.setdefault(t.identity.rank, []).append(t)
-        return out
+    def _rings(self) -> dict[window.Key, list[sampler.Tracked]]:
+        return selection.rings_by_key(self.sampler.rings())
 
-    def _pids(self, ranks: Sequence[int] | None, pids: Sequence[int] | None) -> list[int]:
-        out = set(pids or ())
-        known = self._rank_rings()
-        for r in ranks or ():
-            rings = [t for t in known.get(r, []) if t.health != "retired"]
+    def _live(
+        self, ranks: Sequence[int] | None, workloads: Sequence[str] | None
+    ) -> list[tuple[window.Key, list[sampler.Tracked]]]:
+        """The rings still there of each selected key (``select``); a key whose rings are all
+        retired is the request's error (no process to act on)."""
+        known = self._rings()
+        out = []
+        for key in self.select(ranks, workloads):
+            rings = [t for t in known[key] if t.health != "retired"]
             if not rings:
-                raise errors.QueryError("ranks", f"rank {r} has no ring on node {self.node}")
-            out.update(self._resolve(r, t) for t in rings)
-        if not out:
-            raise errors.QueryError("ranks", "no rank or pid given")
-        return sorted(out)
+                raise errors.QueryError("ranks", f"rank {key[1]} has no ring on node {self.node}")
+            out.append((key, rings))
+        return out
 
 
 def hw_owners(job: models.Job, devices: set[str], ranks: Sequence[int] | None) -> dict[str, int]:

@@ -62,8 +62,12 @@ class StackGroup(_Model):
 
 
 class StackError(_Model):
-    pid: int
+    """Why a process has no stack; ``rank`` (and no pid) when asked for by rank and its
+    process could not be found on the host."""
+
+    pid: int | None
     reason: str
+    rank: int | None = None
 
 
 class StacksReport(_Model):

@@ -1,17 +1,23 @@
-"""The bounded in-memory window: bundle-v1 records per rank, the last ``window_s`` seconds.
+"""The bounded in-memory window: bundle-v1 records per (workload, rank), the last ``window_s``.
+
+Keys: a rank alone does not name a process on a node that runs two jobs (both have a rank 0),
+so everything here is keyed by ``Key = (workload, rank)``, the workload being the ring's pod
+uid (``discovery.workload_of``); ``""`` is the workload of callers that hold one job only
+(tests, benches). Records keep their global rank; a ``bundle`` is cut from the keys asked for,
+and the caller (``service.py``) never asks for two keys of one rank in one bundle.
 
 Storage is columnar, in the bundle tables' own dtypes (``tables.STATE_DTYPE``, ``FLOW_DTYPE``,
-``OP_DTYPE``): one ``Chunk`` per sampled ring and tick, appended to its rank's deque, with
+``OP_DTYPE``): one ``Chunk`` per sampled ring and tick, appended to its key's deque, with
 communicator ids and names interned once for the whole window. A state record with 32 flows
 takes about 2.1 KB this way, against ~30 KB as pydantic models.
 
 Bounds: ``evict(now_ns)`` drops chunks that ended before ``now - window_s``, then, while the
 estimated bytes (arrays + ``CHUNK_OVERHEAD_BYTES`` each) exceed ``memory_cap_bytes``, the oldest
-chunk of any rank (oldest first, globally). Evicted records are counted. ``comm`` records are
-kept apart, per rank, whatever their age: analysis needs communicator membership, and there
-are only a few per rank.
+chunk of any key (oldest first, globally). Evicted records are counted. ``comm`` records are
+kept apart, per key, whatever their age: analysis needs communicator membership, and there
+are only a few per rank; ``forget(keys)`` drops a key whose rings are gone.
 
-``bundle(...)`` cuts a ``tables.Bundle`` out of the window (ranks, time range), sorted as
+``bundle(...)`` cuts a ``tables.Bundle`` out of the window (keys, time range), sorted as
 ``BundleBuilder.build`` sorts, for summaries, the HTTP window stream and exports. Thread-safe:
 the sampler adds from its thread while the HTTP server reads from others.
 """
@@ -34,6 +40,8 @@ _NS = 1_000_000_000
 _EMPTY_STATES = np.zeros(0, tables.STATE_DTYPE)
 _EMPTY_FLOWS = np.zeros(0, tables.FLOW_DTYPE)
 _EMPTY_OPS = np.zeros(0, tables.OP_DTYPE)
+
+Key = tuple[str, int]  # (workload, global rank)
 
 
 class Interner:
@@ -86,7 +94,7 @@ class Counters:
 
 
 class Window:
-    """Per-rank deques of chunks under a time bound and a global memory cap."""
+    """Per-key deques of chunks under a time bound and a global memory cap."""
 
     def __init__(self, *, window_s: float, memory_cap_bytes: int) -> None:
         self.window_ns = int(window_s * _NS)
@@ -95,11 +103,11 @@ class Window:
         self.strings = Interner([""])  # index 0: absent algo/proto/dtype, as tables do
         self.counters = Counters()
         self.nbytes = 0
-        self._chunks: dict[int, collections.deque[Chunk]] = {}
-        self._comms: dict[int, dict[tuple[str, int], models.CommRecord]] = {}
-        self._last_end: dict[int, int] = {}  # rank -> latest op end seen, evicted or not
-        # rank -> [ops, bytes] completed since the agent started, evicted or not (/metrics).
-        self._done: dict[int, list[int]] = {}
+        self._chunks: dict[Key, collections.deque[Chunk]] = {}
+        self._comms: dict[Key, dict[tuple[str, int], models.CommRecord]] = {}
+        self._last_end: dict[Key, int] = {}  # latest op end seen, evicted or not
+        # [ops, bytes] completed since the agent started, evicted or not (/metrics).
+        self._done: dict[Key, list[int]] = {}
         self._lock = threading.Lock()
 
     # -- writing --------------------------------------------------------------------------
@@ -107,6 +115,7 @@ class Window:
         self,
         rank: int,
         *,
+        workload: str = "",
         states: tables.Table = _EMPTY_STATES,
         flows: tables.Table = _EMPTY_FLOWS,
         ops: tables.Table = _EMPTY_OPS,
@@ -116,12 +125,13 @@ class Window:
             return
         ts = np.concatenate([states["ts"], ops["ts"]])
         chunk = Chunk(rank, int(ts.min()), int(ts.max()), states, flows, ops)
+        key = (workload, rank)
         with self._lock:
-            self._chunks.setdefault(rank, collections.deque()).append(chunk)
+            self._chunks.setdefault(key, collections.deque()).append(chunk)
             if len(ops):
                 end = int(ops["end"].max())
-                self._last_end[rank] = max(end, self._last_end.get(rank, end))
-                done = self._done.setdefault(rank, [0, 0])
+                self._last_end[key] = max(end, self._last_end.get(key, end))
+                done = self._done.setdefault(key, [0, 0])
                 done[0] += len(ops)
                 done[1] += int(ops["bytes"].sum())
             self.nbytes += chunk.nbytes
@@ -131,12 +141,14 @@ class Window:
             c.ops += len(ops)
             self._evict_memory()
 
-    def add_comms(self, records: Iterable[models.CommRecord], *, replace: bool = True) -> None:
+    def add_comms(
+        self, records: Iterable[models.CommRecord], *, workload: str = "", replace: bool = True
+    ) -> None:
         """Remember communicators; ``replace=False`` keeps a known one (an event's name is
         truncated to 15 bytes, the live slot's is whole)."""
         with self._lock:
             for r in records:
-                known = self._comms.setdefault(r.rank, {})
+                known = self._comms.setdefault((workload, r.rank), {})
                 if replace or (r.comm, r.comm_rank) not in known:
                     known[(r.comm, r.comm_rank)] = r
 
@@ -148,6 +160,17 @@ class Window:
                 while dq and dq[0].ts_hi < horizon:
                     self._drop(dq)
             self._evict_memory()
+
+    def forget(self, keys: Iterable[Key]) -> None:
+        """Drop what is held for ``keys`` (their rings are gone and their records aged out:
+        otherwise their comm records would stay, one pod after another). Completion counters
+        stay: they are monotonic."""
+        with self._lock:
+            for key in keys:
+                for chunk in self._chunks.pop(key, ()):
+                    self.nbytes -= chunk.nbytes
+                self._comms.pop(key, None)
+                self._last_end.pop(key, None)
 
     def _evict_memory(self) -> None:
         while self.nbytes > self.memory_cap_bytes:
@@ -162,30 +185,33 @@ class Window:
         self.counters.evicted_bytes += chunk.nbytes
 
     # -- reading --------------------------------------------------------------------------
-    def ranks(self) -> list[int]:
+    def held(self) -> list[Key]:
+        """Every key with records or communicators held."""
         with self._lock:
-            return sorted({r for r, dq in self._chunks.items() if dq} | set(self._comms))
+            return sorted({k for k, dq in self._chunks.items() if dq} | set(self._comms))
 
-    def last_completion(self, rank: int) -> int | None:
-        """The latest op end ever added for ``rank`` (ns), kept after its record is evicted."""
+    def last_completion(self, rank: int, workload: str = "") -> int | None:
+        """The latest op end ever added for the key (ns), kept after its record is evicted."""
         with self._lock:
-            return self._last_end.get(rank)
+            return self._last_end.get((workload, rank))
 
-    def completed(self) -> dict[int, tuple[int, int]]:
-        """rank -> (ops, bytes) completed since the window was made: monotonic, for counters."""
+    def completed(self) -> dict[Key, tuple[int, int]]:
+        """(workload, rank) -> (ops, bytes) completed since the window was made: monotonic, for
+        counters."""
         with self._lock:
-            return {r: (d[0], d[1]) for r, d in self._done.items()}
+            return {k: (d[0], d[1]) for k, d in self._done.items()}
 
-    def span(self, rank: int) -> tuple[int, int] | None:
-        """(oldest, newest) time held for ``rank``, ns."""
+    def span(self, rank: int, workload: str = "") -> tuple[int, int] | None:
+        """(oldest, newest) time held for the key, ns."""
         with self._lock:
-            dq = self._chunks.get(rank)
+            dq = self._chunks.get((workload, rank))
             return (dq[0].ts_lo, dq[-1].ts_hi) if dq else None
 
     def bundle(
         self,
         job: models.Job,
         *,
+        keys: Collection[Key] | None = None,
         ranks: Collection[int] | None = None,
         since_ns: int | None = None,
         until_ns: int | None = None,
@@ -194,22 +220,26 @@ class Window:
         hw_others: bool = True,
         liveness: Iterable[models.LivenessRecord] = (),
     ) -> tables.Bundle:
-        """The records of ``ranks`` (None: all) with ``since <= ts <= until`` (None: open) as a
-        sorted ``Bundle``; comm records of those ranks whatever their time, as the reader does.
+        """The records of ``keys`` (None: the keys of ``ranks``, None: all) with ``since <= ts
+        <= until`` (None: open) as a sorted ``Bundle``; comm records of those keys whatever
+        their time, as the reader does. Two keys of one rank would mix in it: the caller picks.
         ``hw`` records in that time: a device in ``hw_ranks`` gets the rank given there, the
         others keep theirs, or are left out when not ``hw_others``. ``liveness`` rows (the
         writers as seen now: not held in the window) go in as given."""
         lo = -1 if since_ns is None else since_ns
         hi = 2**63 - 1 if until_ns is None else until_ns
         with self._lock:
-            keep = set(self._chunks) | set(self._comms) if ranks is None else set(ranks)
+            keep = set(self._chunks) | set(self._comms) if keys is None else set(keys)
+            if keys is None and ranks is not None:
+                wanted = set(ranks)
+                keep = {k for k in keep if k[1] in wanted}
             chunks = [
                 c
-                for r in sorted(keep)
-                for c in self._chunks.get(r, ())
+                for k in sorted(keep)
+                for c in self._chunks.get(k, ())
                 if c.ts_hi >= lo and c.ts_lo <= hi
             ]
-            comms = [rec for r in sorted(keep) for rec in self._comms.get(r, {}).values()]
+            comms = [rec for k in sorted(keep) for rec in self._comms.get(k, {}).values()]
             comm_ids = tuple(self.comm_ids.values)
             strings = Interner(self.strings.values)
         states, flows = _states(chunks, lo, hi)

@@ -62,3 +62,14 @@ def test_missing_root_is_empty(tmp_path: pathlib.Path) -> None:
     assert kubelet(tmp_path / "nope").scan() == []
     assert discovery.pod_uid_of("/var/lib/kubelet/pods/" + UID + "/volumes/x/y.ring") == UID
     assert discovery.pod_uid_of("/run/collscope/a.ring") is None
+
+
+def test_workload_is_the_pod_uid_else_a_hash_of_the_directory() -> None:
+    """The window's key besides the rank (two jobs on a node both have a rank 0)."""
+    path = f"/var/lib/kubelet/pods/{UID}/volumes/{discovery.EMPTY_DIR}/t/rank0.ring"
+    assert discovery.Found(path, discovery.pod_uid_of(path)).workload == UID
+    a0, a1, b0 = (
+        discovery.workload_of(p, None) for p in ("/t/a/0.ring", "/t/a/1.ring", "/t/b/0.ring")
+    )
+    assert a0 == a1 != b0
+    assert a0.startswith(discovery.DIR_PREFIX) and len(a0) == len("dir-") + 16

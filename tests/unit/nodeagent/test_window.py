@@ -68,7 +68,7 @@ def test_memory_cap_evicts_the_oldest_of_any_rank() -> None:
     w = window.Window(window_s=1000, memory_cap_bytes=1 << 20)
     for k in range(100):
         tick(w, k % 3, T0 + k * S, nflows=64)  # ~5 KB a chunk
-    per = w.nbytes / sum(len(w._chunks[r]) for r in range(3))
+    per = w.nbytes / sum(len(w._chunks[("", r)]) for r in range(3))
     assert w.nbytes <= w.memory_cap_bytes
     assert w.counters.evicted_for_memory == 0
     for k in range(100, 400):
@@ -86,7 +86,7 @@ def test_empty_window_gives_an_empty_bundle() -> None:
     w = window.Window(window_s=10, memory_cap_bytes=1 << 20)
     w.add(0)  # nothing in it: ignored
     b = w.bundle(JOB)
-    assert len(b.states) == len(b.flows) == len(b.ops) == 0 and w.ranks() == []
+    assert len(b.states) == len(b.flows) == len(b.ops) == 0 and w.held() == []
 
 
 def test_last_completion_outlives_eviction() -> None:
