@@ -34,12 +34,27 @@ app.kubernetes.io/component: agent
 
 {{- define "collscope.tag" -}}{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
 
-{{- define "collscope.operator.image" -}}
-{{ .Values.image.registry }}/{{ .Values.operator.image.repository }}:{{ include "collscope.tag" . }}
+{{/* An image reference: registry/repository@digest when a digest is set (immutable: what was
+tested is what runs), else registry/repository:tag. Called with (list $ .Values.X.image). */}}
+{{- define "collscope.image" -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- $repo := printf "%s/%s" $root.Values.image.registry $image.repository -}}
+{{- if $image.digest -}}
+{{ $repo }}@{{ $image.digest }}
+{{- else -}}
+{{ $repo }}:{{ include "collscope.tag" $root }}
+{{- end -}}
 {{- end -}}
 
+{{- define "collscope.operator.image" -}}
+{{ include "collscope.image" (list . .Values.operator.image) }}
+{{- end -}}
+
+{{/* The agent image; also the plugin image of the webhook's init container unless
+webhook.pluginImage names another. */}}
 {{- define "collscope.agent.image" -}}
-{{ .Values.image.registry }}/{{ .Values.agent.image.repository }}:{{ include "collscope.tag" . }}
+{{ include "collscope.image" (list . .Values.agent.image) }}
 {{- end -}}
 
 {{/* cert-manager when asked, or when "auto" and the cluster serves its API. */}}

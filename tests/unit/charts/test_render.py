@@ -34,6 +34,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-webhook": {"webhook": {"enabled": False}, "agent": {"nvml": {"mode": "none"}}},
     "monitoring": {"metrics": {"serviceMonitor": {"enabled": True}}},
     "apparmor": {"agent": {"appArmorProfile": {"type": "Unconfined"}}},
+    "digests": {
+        "operator": {"image": {"digest": "sha256:" + "a" * 64}, "logFormat": "json"},
+        "agent": {"image": {"digest": "sha256:" + "b" * 64}, "logLevel": "DEBUG"},
+    },
 }
 
 
@@ -299,3 +303,20 @@ def test_agent_certificate_names_what_the_operator_checks(chart: Any) -> None:
     assert ep["scheme"] == "https" and ep["tlsConfig"]["serverName"] == name
     assert ep["tlsConfig"]["ca"]["secret"] == {"name": "collscope-agent-tls", "key": "ca.crt"}
     assert ep["bearerTokenFile"].endswith("/serviceaccount/token")
+
+
+def test_images_by_digest_when_set(chart: Any) -> None:
+    docs = chart.render(VARIANTS["digests"])
+    operator = chart.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    agent = chart.find(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert operator["image"] == "ghcr.io/collscope/collscope-operator@sha256:" + "a" * 64
+    assert agent["image"] == "ghcr.io/collscope/collscope-agent@sha256:" + "b" * 64
+    # the plugin's init container copies from the agent image, by the same digest
+    config = settings.Settings.from_env(chart.env(operator))
+    assert config.injection.image == agent["image"]
+    assert config.log_format == "json"
+    assert agent_settings.Settings.from_env(chart.env(agent)).log_level == "DEBUG"
+    # by tag otherwise (the chart's appVersion)
+    docs = chart.render()
+    operator = chart.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert operator["image"] == "ghcr.io/collscope/collscope-operator:0.1.0"

@@ -61,6 +61,10 @@ def _set(values: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         ("agent.memoryCapBytes", 1024),
         ("webhook.tls", "letsencrypt"),
         ("image.pullPolicy", "Sometimes"),
+        ("operator.image.digest", "sha256:abc"),  # too short: a typo, not a digest
+        ("agent.image.digest", "latest"),
+        ("operator.logFormat", "logfmt"),
+        ("agent.logLevel", "TRACE"),
         ("metrics.serviceMonitor.interval", "soon"),
         ("unknownTopLevel", 1),
     ],
@@ -85,3 +89,17 @@ def test_schema_categories_are_the_analysis_categories() -> None:
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert set(schema["definitions"]["category"]["enum"]) == set(diagnosis.CATEGORY_NAMES)
+
+
+def test_global_is_accepted_so_the_chart_works_as_a_subchart() -> None:
+    # A parent chart's values as Helm hands them to this subchart: its own keys plus `global`.
+    parent = yaml.safe_load("global: {foo: bar, imageRegistry: registry.example}")
+    values = {**default_values(), "global": parent["global"]}
+    assert [e.message for e in validator().iter_errors(values)] == []
+    assert not validator().is_valid({**values, "global": "bar"})  # still an object
+
+
+def test_image_digests_are_accepted() -> None:
+    digest = "sha256:" + "0123456789abcdef" * 4
+    values = _set(_set(default_values(), "operator.image.digest", digest), "agent.image.digest", "")
+    assert validator().is_valid(values)
