@@ -159,6 +159,22 @@ class Cluster(Kube):
             _content_type=MERGE_PATCH,
         )  # fmt: skip
 
+    async def list_diagnoses(self, namespace: str) -> list[dict[str, Any]]:
+        """Every Diagnosis of a namespace (``retention``: a job's, by ``spec.trainingJob``)."""
+        got = await self._call(
+            f"listing Diagnoses in {namespace}",
+            self._objects.list_namespaced_custom_object, GROUP, VERSION, namespace, DIAGNOSES,
+        )  # fmt: skip
+        return [dict(o) for o in (got or {}).get("items") or []]
+
+    async def delete_diagnosis(self, namespace: str, name: str) -> None:
+        """Delete a Diagnosis; one already gone is not an error."""
+        await self._call(
+            f"deleting Diagnosis {namespace}/{name}",
+            self._objects.delete_namespaced_custom_object,
+            GROUP, VERSION, namespace, DIAGNOSES, name,
+        )  # fmt: skip
+
     async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         obj = await self._call(
             f"reading TrainingJob {namespace}/{name}",

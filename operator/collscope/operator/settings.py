@@ -6,6 +6,7 @@ Environment (every variable optional; the bad one is named in ``SettingsError``)
 - ``COLLSCOPE_TRIGGER_INTERVAL_S`` (1): how often the trigger loop runs per TrainingJob;
 - ``COLLSCOPE_TRIGGER_WINDOW_S`` (5): seconds of records pulled per tick from sampled ranks;
 - ``COLLSCOPE_DIAGNOSIS_WINDOW_S`` (10): seconds pulled around a trigger for root cause;
+- ``COLLSCOPE_DIAGNOSIS_RETENTION`` (20): Diagnoses kept per TrainingJob (``retention``);
 - ``COLLSCOPE_AGENT_URL`` (``https://{node_ip}:{port}``): where a node's agent listens; a
   template with ``{node}`` (node name), ``{node_ip}`` (the pod's ``status.hostIP``) and
   ``{port}`` (``COLLSCOPE_AGENT_PORT``, 9464: the chart's ``agent.port``);
@@ -90,6 +91,9 @@ class Settings:
     agents: AgentSettings = field(default_factory=AgentSettings)
     # History pulled for root cause: enough for the stall, Δ and the slow baseline (engine).
     diagnosis_window_s: float = 10.0
+    # Diagnoses kept per TrainingJob, newest first (``retention``): a flapping job opens one a
+    # minute; 20 is a day's worth of real incidents and a few kilobytes each in etcd.
+    diagnosis_retention: int = 20
     # py-spy per rank on an anomaly (the agent's own limit; the HTTP call waits 2 s longer).
     stacks_timeout_s: float = 3.0
     # Flight Recorder dumps on a trigger (the agent's own limit; the HTTP call waits 2 s
@@ -142,6 +146,7 @@ class Settings:
                 token_file=env.get("COLLSCOPE_AGENT_TOKEN_FILE", d.agents.token_file),
             ),
             diagnosis_window_s=get("COLLSCOPE_DIAGNOSIS_WINDOW_S", _positive, 10.0),
+            diagnosis_retention=get("COLLSCOPE_DIAGNOSIS_RETENTION", _at_least_one, 20),
             namespace=get("COLLSCOPE_NAMESPACE", str, d.namespace),
             remediation=get("COLLSCOPE_REMEDIATION", _policy, d.remediation),
             breaker=_breaker(
@@ -169,6 +174,13 @@ def _breaker(*, max_cordons: int, window_s: float, max_fraction: float) -> break
     except errors.PolicyError as e:
         names = "COLLSCOPE_BREAKER_MAX_CORDONS, _WINDOW_S or COLLSCOPE_BREAKER_MAX_FRACTION"
         raise errors.SettingsError(f"{names}: {e}") from e
+
+
+def _at_least_one(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError(f"{raw!r} is below 1")
+    return value
 
 
 def _positive(raw: str) -> float:

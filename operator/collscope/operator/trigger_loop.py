@@ -22,7 +22,8 @@ job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rar
 5. on a trigger, a Diagnosis named after the incident is created (409 = already open: one per
    job and incident; a slowdown's incident is an episode of its communicator, so a second
    slowdown there after the first one ended opens a new one); ``diagnosis_handlers``
-   analyses it;
+   analyses it; the job's Diagnoses beyond the newest ``diagnosis_retention`` go
+   (``retention``: finished ones, never one a marked node names);
 6. the status (counts of ranks, nodes and groups, the sample, health with the ``Hung`` and
    ``Slow`` conditions, ``AgentsReachable`` naming unreachable nodes, the last trigger and its
    Diagnosis; ``status.trainingjob_status``, bounded whatever the job's size) is patched when
@@ -47,6 +48,7 @@ from collscope.operator import (
     jobs,
     kube,
     metrics,
+    retention,
     sampling,
     settings,
     status,
@@ -303,8 +305,36 @@ async def _open_incident(
         meters.triggers.labels(kind=hit.kind, namespace=namespace, trainingjob=name).inc()
         logger.info("trigger (%s): %s -> Diagnosis %s", hit.kind, hit.reason, diag)
         kopf.warn(body, reason="Triggered", message=f"{hit.kind}: {hit.reason}; Diagnosis {diag}")
+        await retain(memo, namespace, name, logger)
     return {"time": status.timestamp(detected), "trigger": hit.kind, "diagnosis": diag,
             "message": hit.reason[:1024]}  # fmt: skip
+
+
+async def retain(memo: kopf.Memo, namespace: str, job: str, logger: Logger) -> list[str]:
+    """Retention after a new Diagnosis of ``job`` (the rule: ``retention``); the names deleted.
+    The API unreachable or refusing: logged, tried again at the next Diagnosis."""
+    cfg: settings.Settings = memo.settings
+    api: kube.Cluster = memo.kube
+    gone: list[str] = []
+    try:
+        old = retention.beyond(
+            await api.list_diagnoses(namespace), job=job, keep=cfg.diagnosis_retention
+        )
+        nodes = sorted({n for o in old if (n := retention.culprit_node(o)) is not None})
+        held = retention.named_by_marks([await api.get_node(n) for n in nodes])
+        for o in old:
+            name = str(o["metadata"]["name"])
+            if f"{namespace}/{name}" not in held:
+                await api.delete_diagnosis(namespace, name)
+                gone.append(name)
+    except errors.KubeError as e:
+        logger.warning("Diagnosis retention of %s/%s: %s", namespace, job, e)
+    if gone:
+        logger.info(
+            "deleted %d Diagnoses of %s/%s beyond the newest %d: %s",
+            len(gone), namespace, job, cfg.diagnosis_retention, ", ".join(gone),
+        )  # fmt: skip
+    return gone
 
 
 def _job_status(

@@ -71,6 +71,8 @@ CALLS: dict[str, list[tuple[Any, ...]]] = {
     "create_diagnosis": [({"metadata": {"name": "d", "namespace": NS}},)],
     "patch_status": [(kube.DIAGNOSES, NS, "d", {"phase": "Diagnosed"})],
     "get_trainingjob": [(NS, "tj")],
+    "list_diagnoses": [(NS,)],
+    "delete_diagnosis": [(NS, "d")],
     "get_node": [("n1",)],
     "list_nodes": [()],
     "patch_node": [("n1", [{"op": "add", "path": "/spec/unschedulable", "value": True}])],
