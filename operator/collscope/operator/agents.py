@@ -111,25 +111,41 @@ class AgentClient:
         """``GET /v1/ranks``: the rings on the node with identity and health."""
         return _parse(api.RanksResponse, await self._get("/v1/ranks", {}), self._url("/v1/ranks"))
 
-    async def summaries(self, ranks: Sequence[int], *, window_s: float) -> api.SummariesResponse:
-        """``GET /v1/summaries``: trigger summaries of ``ranks`` over the last ``window_s``."""
-        params = {"ranks": _csv(ranks), "window_s": f"{window_s:g}"}
+    async def summaries(
+        self, ranks: Sequence[int], *, window_s: float, workloads: Sequence[str] | None = None
+    ) -> api.SummariesResponse:
+        """``GET /v1/summaries``: trigger summaries of ``ranks`` (of ``workloads``: the job's
+        pods on the node, ``api.RankInfo.workload``) over the last ``window_s``."""
+        params = {"ranks": _csv(ranks), "window_s": f"{window_s:g}"} | _named(workloads)
         body = await self._get("/v1/summaries", params)
         return _parse(api.SummariesResponse, body, self._url("/v1/summaries"))
 
     async def window_lines(
-        self, ranks: Sequence[int], *, since_ns: int, until_ns: int
+        self,
+        ranks: Sequence[int],
+        *,
+        since_ns: int,
+        until_ns: int,
+        workloads: Sequence[str] | None = None,
     ) -> list[bytes]:
         """``GET /v1/window``: the ranks' bundle-v1 record lines in ``[since_ns, until_ns]``."""
         params = {"ranks": _csv(ranks), "since": str(since_ns), "until": str(until_ns)}
+        params |= _named(workloads)
         return (await self._get("/v1/window", params)).splitlines()
 
     async def window(
-        self, ranks: Sequence[int], *, since_ns: int, until_ns: int
+        self,
+        ranks: Sequence[int],
+        *,
+        since_ns: int,
+        until_ns: int,
+        workloads: Sequence[str] | None = None,
     ) -> columnar.Part | list[bytes]:
         """``GET /v1/window`` asking for the columnar form: its decoded, validated tables, or
-        the record lines (not validated yet) when the agent answers JSON lines."""
+        the record lines (not validated yet) when the agent answers JSON lines. ``workloads``:
+        the job's on the node (another job's same ranks there are not ours)."""
         params = {"ranks": _csv(ranks), "since": str(since_ns), "until": str(until_ns)}
+        params |= _named(workloads)
         resp = await self._request(
             "GET", "/v1/window", params=params, headers={"Accept": WINDOW_ACCEPT}
         )
@@ -336,6 +352,11 @@ def _csv(ranks: Iterable[int]) -> str:
     return ",".join(str(int(r)) for r in ranks)
 
 
+def _named(workloads: Sequence[str] | None) -> dict[str, str]:
+    """The ``workloads`` parameter, none when not named (an older agent rejects it)."""
+    return {"workloads": ",".join(workloads)} if workloads else {}
+
+
 async def gather(calls: Mapping[str, Awaitable[T]]) -> tuple[dict[str, T], list[Unreachable]]:
     """Run one call per node concurrently: ``({node: result}, [nodes that failed, why])``.
 
@@ -363,8 +384,11 @@ async def pull_window(
     *,
     since_ns: int,
     until_ns: int,
+    workloads: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[tables.Bundle, list[Unreachable]]:
-    """The trigger window of ``ranks_by_node`` from their agents, in parallel, as one Bundle.
+    """The trigger window of ``ranks_by_node`` from their agents, in parallel, as one Bundle;
+    of the ``workloads`` given for a node (``jobs.workloads_by_node``), so that another job's
+    ranks on the same node never come with it.
 
     A node without a client, or whose agent fails or answers with records that are not
     bundle-v1, is listed in the second value; the bundle holds what the others sent (analysis
@@ -375,7 +399,9 @@ async def pull_window(
     tells a lost node from a silent rank by it (``analysis.liveness``).
     """
     calls = {
-        node: clients[node].window(ranks, since_ns=since_ns, until_ns=until_ns)
+        node: clients[node].window(
+            ranks, since_ns=since_ns, until_ns=until_ns, workloads=(workloads or {}).get(node)
+        )
         for node, ranks in ranks_by_node.items()
         if node in clients and ranks
     }

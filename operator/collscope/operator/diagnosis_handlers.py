@@ -251,6 +251,7 @@ async def analyse(
         jobs.bundle_job(job, rt.ranks),
         since_ns=t_ns - int(window_s * NS),
         until_ns=t_ns,
+        workloads=jobs.workloads_by_node(rt.ranks),
     )
     failed += more
     trigger_loop.note_failures(memo, failed)

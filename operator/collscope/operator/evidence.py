@@ -94,9 +94,11 @@ async def collect_flight_recorder(
     ranks = flightrecorder.choose(culprits, involved, [int(r) for r in rt.ranks])
     asked = jobs.by_node([ids.Rank(r) for r in ranks], rt.ranks)
     clients = _clients(memo, namespace, job, asked, cfg.flight_recorder_timeout_s + 2.0)
+    workloads = jobs.workloads_by_node(rt.ranks)  # only this job's processes on each node
     request = {
         node: api_models.FlightRecorderRequest(
             ranks=list(rs),
+            workloads=workloads.get(node),
             timeout_s=cfg.flight_recorder_timeout_s,
             max_entries=flightrecorder.MAX_ENTRIES,
         )
@@ -146,9 +148,14 @@ async def collect_stacks(
     # A longer timeout than the trigger's: py-spy takes seconds.
     nodes = {rt.ranks[ids.Rank(r)].node for r in ranks}
     clients = _clients(memo, namespace, job, nodes, cfg.stacks_timeout_s + 2.0)
+    workloads = jobs.workloads_by_node(rt.ranks)  # only this job's processes on each node
     calls = {
         f"{rt.ranks[ids.Rank(r)].node}/rank {r}": clients[rt.ranks[ids.Rank(r)].node].stacks(
-            api_models.StacksRequest(ranks=[r], timeout_s=cfg.stacks_timeout_s)
+            api_models.StacksRequest(
+                ranks=[r],
+                workloads=workloads.get(rt.ranks[ids.Rank(r)].node),
+                timeout_s=cfg.stacks_timeout_s,
+            )
         )
         for r in ranks
         if rt.ranks[ids.Rank(r)].node in clients

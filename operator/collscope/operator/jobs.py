@@ -96,13 +96,19 @@ class RankPlace:
     gpu: int | None = None  # NVML index on the node
     gpu_uuid: str | None = None
     nic: str | None = None  # as NCCL names it: mlx5_0, mlx5_0:1, eth2
+    # The agent's key for the rank's data besides the rank (``api.RankInfo.workload``: the pod
+    # uid); None from an agent that does not key by workload.
+    workload: str | None = None
 
 
 def rank_placement(
     namespace: str, pods: Mapping[str, PodPlace], answers: Mapping[str, api.RanksResponse]
 ) -> dict[ids.Rank, RankPlace]:
     """Rings of the job's pods, from each node's ``/v1/ranks`` (a ring counts on the node whose
-    agent lists it, and only when its pod is one of the job's pods scheduled there)."""
+    agent lists it, and only when its pod is one of the job's pods scheduled there). The pod
+    name and namespace are the ring header's, which its writer controls: where the agent knows
+    the ring's pod uid (from the kubelet's path), it must be the pod's too, or another tenant's
+    ring naming this job's pod would be taken for one of its ranks."""
     out: dict[ids.Rank, RankPlace] = {}
     for node, answer in sorted(answers.items()):
         for info in answer.ranks:
@@ -113,6 +119,8 @@ def rank_placement(
                 continue
             if info.health in ("error", "retired"):
                 continue
+            if info.pod_uid and pod.uid and info.pod_uid != pod.uid:
+                continue
             out[ids.Rank(info.rank)] = RankPlace(
                 ids.Rank(info.rank),
                 ids.NodeName(node),
@@ -121,8 +129,24 @@ def rank_placement(
                 gpu=info.gpu_index,
                 gpu_uuid=info.gpu_uuid,
                 nic=info.nic,
+                workload=info.workload,
             )
     return out
+
+
+def workloads_by_node(placement: Mapping[ids.Rank, RankPlace]) -> dict[str, list[str]]:
+    """node -> the agent's workloads of the job's ranks there, for requests that name them
+    (``api`` module docstring): only another job's rank 0 on the same node is then left out.
+    A node with a rank whose agent gave no workload (an older agent) is left out: it would
+    reject the parameter."""
+    out: dict[str, set[str]] = {}
+    old: set[str] = set()
+    for p in placement.values():
+        if p.workload:
+            out.setdefault(p.node, set()).add(p.workload)
+        else:
+            old.add(p.node)
+    return {node: sorted(ws) for node, ws in out.items() if node not in old}
 
 
 def bundle_job(name: str, ranks: Mapping[ids.Rank, RankPlace]) -> models.Job:

@@ -157,7 +157,7 @@ async def discover(
         try:
             bundle, more = await agents.pull_window(
                 clients, jobs.by_node(rt.ranks, rt.ranks), jobs.bundle_job(key[1], rt.ranks),
-                since_ns=t_ns, until_ns=t_ns,
+                since_ns=t_ns, until_ns=t_ns, workloads=jobs.workloads_by_node(rt.ranks),
             )  # fmt: skip
         except errors.CollscopeError as e:
             more = [agents.Unreachable("-", f"communicators: {e}")]
@@ -233,6 +233,7 @@ async def tick(
                 jobs.bundle_job(name, rt.ranks),
                 since_ns=t_ns - int(back_s * NS),
                 until_ns=t_ns,
+                workloads=jobs.workloads_by_node(rt.ranks),
             )
         except errors.CollscopeError as e:  # e.g. a rank beyond the world size seen so far
             logger.warning("trigger tick of %s/%s: %s", namespace, name, e)

@@ -375,3 +375,31 @@ def test_tls_and_the_token_reach_a_real_agent(tmp_path: pathlib.Path) -> None:
             asyncio.run(call(plain))
     finally:
         a.stop()
+
+
+def test_pull_window_names_the_jobs_workloads_to_agents_that_key_by_them() -> None:
+    """Another job's ranks 0 and 1 on node-0 are not this job's: the request names this job's
+    pod uids there; node-1's agent is older (no workloads in its /v1/ranks): no parameter."""
+    seen: dict[str, dict[str, str]] = {}
+
+    def handler_for(node: str) -> Handler:
+        def handler(req: httpx.Request) -> httpx.Response:
+            seen[node] = dict(req.url.params)
+            return httpx.Response(200, content=b"")
+
+        return handler
+
+    job = models.Job.model_validate({"schema": "collscope.bundle/v1", "job": "j", "world_size": 3})
+    clients = {n: client(handler_for(n)) for n in ("node-0", "node-1")}
+    asyncio.run(
+        agents.pull_window(
+            clients,
+            {"node-0": [0, 1], "node-1": [2]},
+            job,
+            since_ns=T0,
+            until_ns=T0 + 1,
+            workloads={"node-0": ["uid-a", "uid-b"]},
+        )
+    )
+    assert seen["node-0"]["workloads"] == "uid-a,uid-b" and seen["node-0"]["ranks"] == "0,1"
+    assert "workloads" not in seen["node-1"]

@@ -219,3 +219,25 @@ def test_diagnosis_window_reaches_back_one_rotation_period() -> None:
     rt.set_max_ranks(10)  # 4 DP groups fit: nothing rotates
     rt.resample(trigger.TriggerSettings(), groups.declared(groups.parse("tp=4,dp=2"), 8))
     assert rt.diagnosis_window_s(10.0, 1.0) == 10.0
+
+
+def test_rank_placement_checks_the_pod_uid_and_keeps_the_workload() -> None:
+    """Another tenant's ring on n1 names this job's pod p0 in its header (the writer controls
+    it); the agent knows its real pod uid from the kubelet's path: not one of ours."""
+    pods = {"p0": place("p0", "n1"), "p1": place("p1", "n1"), "p2": place("p2", "n2")}
+    answers = {
+        "n1": api.RanksResponse(node="n1", now_ns=1, ranks=[
+            api.RankInfo(rank=0, pod_name="p0", pod_uid="uid-p0", workload="uid-p0",
+                         ring_path="/a/r0", health="live"),
+            api.RankInfo(rank=1, pod_name="p1", pod_uid="uid-p1", workload="uid-p1",
+                         ring_path="/c/r1", health="live"),
+            api.RankInfo(rank=1, pod_name="p0", pod_uid="uid-evil", workload="uid-evil",
+                         ring_path="/b/r1", health="live"),  # listed last: it would win
+        ]),
+        "n2": ranks_answer("n2", (2, "p2", "ml", "live")),  # an older agent: no workload
+    }  # fmt: skip
+    got = jobs.rank_placement("ml", pods, answers)
+    assert {r: (p.pod, p.pod_uid, p.workload) for r, p in got.items()} == {
+        0: ("p0", "uid-p0", "uid-p0"), 1: ("p1", "uid-p1", "uid-p1"), 2: ("p2", "uid-p2", None),
+    }  # fmt: skip
+    assert jobs.workloads_by_node(got) == {"n1": ["uid-p0", "uid-p1"]}
