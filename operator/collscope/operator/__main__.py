@@ -39,6 +39,7 @@ from collscope.operator import (
     jobs,
     kube,
     metrics,
+    profile_handlers,
     remediator,
     settings,
     trigger_loop,
@@ -61,6 +62,7 @@ def build(
     handlers.register(registry)
     trigger_loop.register(registry, config)
     diagnosis_handlers.register(registry)
+    profile_handlers.register(registry)
     if config.webhook_port:
         webhook.register(registry, config.injection)
     meters = meters if meters is not None else metrics.OperatorMetrics()

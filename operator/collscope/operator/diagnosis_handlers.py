@@ -49,6 +49,7 @@ from collscope.operator import (
     jobs,
     kube,
     metrics,
+    profile_handlers,
     remediator,
     settings,
     status,
@@ -95,6 +96,8 @@ async def process(
 ) -> None:
     # kopf may hand the same creation over again while its own patches are in flight (and
     # with a stale body): each Diagnosis is processed once per operator lifetime.
+    if profile_handlers.LABEL in (meta.get("labels") or {}):
+        return  # written whole by profile_handlers: function-level, never remediated
     seen: set[str] = memo.diagnoses_seen
     key = f"{namespace}/{name}/{meta.get('uid', '')}"
     if key in seen:
