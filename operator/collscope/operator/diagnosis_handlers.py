@@ -27,7 +27,9 @@
 There is no delete handler, hence no finalizer: deleting a Diagnosis (or its job, which owns it)
 releases nothing. A node found faulty stays marked until ``collscope uncordon NODE``. At start-up
 (``on.startup``) the breaker's held set is rebuilt from the nodes' marks. Events are posted with
-``kopf.info``/``kopf.warn``.
+``kopf.info``/``kopf.warn`` on the Diagnosis; ``Diagnosed``, ``AnalysisFailed`` and
+remediation's decisions also on the workload that owns the TrainingJob (``owners.workload_of``:
+the PyTorchJob, JobSet or Job), where ``kubectl describe`` of the job shows them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import datetime
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -49,6 +51,7 @@ from collscope.operator import (
     jobs,
     kube,
     metrics,
+    owners,
     profile_handlers,
     remediator,
     settings,
@@ -141,7 +144,7 @@ async def _process(
         except (errors.AgentError, errors.KubeError, errors.AnalysisError) as e:
             await _failed(
                 api, namespace=namespace, name=name, body=body, phase=phase,
-                conditions=conditions, generation=generation, why=str(e),
+                conditions=conditions, generation=generation, why=str(e), job=job,
             )  # fmt: skip
             return
         except Exception as e:  # a bug or a hostile bundle: Failed once, never a retry loop
@@ -149,7 +152,7 @@ async def _process(
             why = f"analysis failed: {type(e).__name__}: {e}".rstrip(": ")
             await _failed(
                 api, namespace=namespace, name=name, body=body, phase=phase,
-                conditions=conditions, generation=generation, why=why,
+                conditions=conditions, generation=generation, why=why, job=job,
             )  # fmt: skip
             return
         new = status_mod.diagnosis_status(
@@ -164,10 +167,8 @@ async def _process(
         category = result.category or "none"
         meters.diagnoses.labels(category=category, namespace=namespace, trainingjob=job).inc()
         summary = _summary(result)
-        if result.anomaly:
-            kopf.warn(body, reason="Diagnosed", message=summary)
-        else:
-            kopf.info(body, reason="Diagnosed", message=summary)
+        workload = await _workload(api, namespace, job)
+        event(body, workload, name, warning=result.anomaly, reason="Diagnosed", message=summary)
         logger.info("Diagnosis %s/%s: %s", namespace, name, summary)
         conditions = new["conditions"]
         found = await evidence.collect(
@@ -205,12 +206,41 @@ async def _failed(
     conditions: Any,
     generation: Any,
     why: str,
+    job: str,
 ) -> None:
     """Phase ``Failed``, condition ``Diagnosed`` False with reason ``AnalysisFailed``."""
     new = status_phase(phase, "Failed", conditions, generation, why, reason="AnalysisFailed")
     new["action"] = "none"
     await _patch(api, namespace, name, new)
-    kopf.warn(body, reason="AnalysisFailed", message=why[:1000])
+    workload = await _workload(api, namespace, job)
+    event(body, workload, name, warning=True, reason="AnalysisFailed", message=why)
+
+
+async def _workload(api: kube.Cluster, namespace: str, job: str) -> dict[str, Any] | None:
+    """The workload of the Diagnosis's TrainingJob (``owners.workload_of``), None when there
+    is none or it cannot be read (its Events then go to the Diagnosis only)."""
+    try:
+        tj = await api.get_trainingjob(namespace, job) if job else None
+    except errors.KubeError:
+        return None
+    return None if tj is None else owners.workload_of(tj)
+
+
+def event(
+    body: kopf.Body,
+    workload: dict[str, Any] | None,
+    name: str,
+    *,
+    warning: bool,
+    reason: str,
+    message: str,
+) -> None:
+    """An Event on the Diagnosis and, prefixed with its name, on the owning workload."""
+    post = kopf.warn if warning else kopf.info
+    post(body, reason=reason, message=message[:1000])
+    if workload is not None:
+        target = kopf.Body(cast(kopf.RawBody, workload))  # kopf reads only the reference
+        post(target, reason=reason, message=f"Diagnosis {name}: {message}"[:1000])
 
 
 async def _patch(api: kube.Cluster, namespace: str, name: str, new: Mapping[str, Any]) -> None:
@@ -307,8 +337,9 @@ async def remediate(
         new.update(status_phase("Diagnosed", "Remediated", cond, generation, "node marked"))
     if new:
         await _patch(api, namespace, name, new)
+    workload = None if tj is None else owners.workload_of(tj)
     for warning, reason, message in step.events:
-        (kopf.warn if warning else kopf.info)(body, reason=reason, message=message[:1000])
+        event(body, workload, name, warning=warning, reason=reason, message=message)
     for a in new.get("actions") or ():
         text = f"{a['action']} {a.get('node', '')}: {a['outcome']} {a.get('message', '')}"
         if a["outcome"] in ("Done", "Blocked", "Failed"):

@@ -154,6 +154,28 @@ def trainingjob_body(
     }
 
 
+def workload_of(trainingjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The workload a TrainingJob stands for, as an Event's target (``kopf.event`` takes a
+    body): ``spec.owner``, else its ownerReference; None for a hand-written TrainingJob with a
+    selector. collscope's Events go there too, where ``kubectl describe pytorchjob/...`` (or
+    jobset, job) shows them to the job's owner."""
+    meta = trainingjob.get("metadata") or {}
+    ref = (trainingjob.get("spec") or {}).get("owner")
+    if not ref:
+        ref = next(iter(meta.get("ownerReferences") or ()), None)
+    if not ref or not all(ref.get(k) for k in ("apiVersion", "kind", "name")):
+        return None
+    return {
+        "apiVersion": str(ref["apiVersion"]),
+        "kind": str(ref["kind"]),
+        "metadata": {
+            "name": str(ref["name"]),
+            "namespace": str(meta.get("namespace", "")),
+            "uid": str(ref.get("uid", "")),
+        },
+    }
+
+
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
     """Whether ``labels`` satisfy a Kubernetes LabelSelector (``matchLabels`` and
     ``matchExpressions`` with In, NotIn, Exists, DoesNotExist, all ANDed), as the API server

@@ -36,7 +36,7 @@ import datetime
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -48,6 +48,7 @@ from collscope.operator import (
     jobs,
     kube,
     metrics,
+    owners,
     retention,
     sampling,
     settings,
@@ -305,7 +306,12 @@ async def _open_incident(
         meters: metrics.OperatorMetrics = memo.metrics
         meters.triggers.labels(kind=hit.kind, namespace=namespace, trainingjob=name).inc()
         logger.info("trigger (%s): %s -> Diagnosis %s", hit.kind, hit.reason, diag)
-        kopf.warn(body, reason="Triggered", message=f"{hit.kind}: {hit.reason}; Diagnosis {diag}")
+        text = f"{hit.kind}: {hit.reason}; Diagnosis {diag}"
+        kopf.warn(body, reason="Triggered", message=text)
+        workload = owners.workload_of(body)
+        if workload is not None:  # also where the job's owner looks
+            target = kopf.Body(cast(kopf.RawBody, workload))  # kopf reads only the reference
+            kopf.warn(target, reason="Triggered", message=f"TrainingJob {name}: {text}"[:1000])
         await retain(memo, namespace, name, logger)
     return {"time": status.timestamp(detected), "trigger": hit.kind, "diagnosis": diag,
             "message": hit.reason[:1024]}  # fmt: skip

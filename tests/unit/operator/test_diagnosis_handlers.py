@@ -17,16 +17,17 @@ trigger-loop tests produce end to end with real agents.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
+import kopf
 import pytest
 
 pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
 from collscope.nodeagent.bundle import models
-from collscope.operator import breaker, policy, settings
+from collscope.operator import breaker, diagnosis_handlers, policy, settings
 
 pytestmark = [
     pytest.mark.asyncio,
@@ -461,3 +462,26 @@ async def test_an_exception_in_analysis_fails_the_diagnosis_once(
     assert (cond["status"], cond["reason"]) == ("False", "AnalysisFailed")
     assert cond["message"] == "analysis failed: MemoryError"
     assert st["action"] == "none" and calls == ["analyse"]
+
+
+async def test_events_go_to_the_diagnosis_and_the_workload(monkeypatch: pytest.MonkeyPatch) -> None:
+    posted: list[tuple[str, str, str, str]] = []
+    for level in ("warn", "info"):
+        monkeypatch.setattr(
+            kopf, level,
+            lambda obj, *, reason, message, level=level: posted.append(
+                (level, obj["kind"], reason, message)
+            ),
+        )  # fmt: skip
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "w", "namespace": "ml"}}
+    raw = {"apiVersion": "collscope.dev/v1alpha1", "kind": "Diagnosis", "metadata": {}}
+    diag = kopf.Body(cast(kopf.RawBody, raw))
+    diagnosis_handlers.event(
+        diag, job, "d1", warning=True, reason="Diagnosed", message="hang.gpu rank 5"
+    )
+    diagnosis_handlers.event(diag, None, "d1", warning=False, reason="R", message="m")
+    assert posted == [
+        ("warn", "Diagnosis", "Diagnosed", "hang.gpu rank 5"),
+        ("warn", "Job", "Diagnosed", "Diagnosis d1: hang.gpu rank 5"),
+        ("info", "Diagnosis", "R", "m"),
+    ]

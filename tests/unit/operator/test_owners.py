@@ -187,3 +187,16 @@ def test_label_selectors_as_the_api_server_reads_them() -> None:
     assert not owners.selector_matches(
         {"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]}, labels
     )
+
+
+def test_events_also_go_to_the_workload() -> None:
+    """The TrainingJob's workload (spec.owner, else its ownerReference) as an Event target."""
+    ref = owners.OwnerRef("kubeflow.org/v1", "PyTorchJob", "llama", "u-1")
+    tj = owners.trainingjob_body(ref, ids.Namespace("ml"))
+    want = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": "llama", "namespace": "ml", "uid": "u-1"}}  # fmt: skip
+    assert owners.workload_of(tj) == want
+    del tj["spec"]["owner"]
+    assert owners.workload_of(tj) == want  # from the ownerReference
+    by_hand = {"metadata": {"name": "x", "namespace": "ml"}, "spec": {"selector": {}}}
+    assert owners.workload_of(by_hand) is None
