@@ -175,7 +175,7 @@ class Kubectl:
 
 def finished(diagnoses: Mapping[str, Any], training_job: str) -> dict[str, Any] | None:
     """The first Diagnosis of ``training_job`` whose remediation step ran (``status.actions``
-    written), from ``kubectl get diagnoses -o json``."""
+    written), from ``kubectl get diagnoses.collscope.dev -o json``."""
     for d in diagnoses.get("items", []):
         if (d.get("spec") or {}).get("trainingJob", {}).get("name") != training_job:
             continue

@@ -4,11 +4,11 @@ Installs the chart with Helm (``examples/workload/values-kind.yaml``, the images
 ``--image-registry``/``--image-tag``), waits for the operator and the agents, runs the workload
 image (``examples/workload/``: an Indexed Job of 2 pods x 4 rank processes driving the injected
 plugin, a ring AllReduce between all 8) with a NIC that stops delivering on rank 5 (pod 1),
-polls ``kubectl get diagnoses -o json`` until the operator has diagnosed and remediated it, and
-checks the verdict (``hang.network`` on rank 5 and its node) and the node: cordoned exactly
-when the shipped policy says so. It always cleans up: the workload's namespace (its Diagnoses
-release their nodes), ``collscope uncordon`` of the culprit node, the release, its namespace,
-and ``kubectl uncordon`` of any node this run left cordoned that was not before.
+polls ``kubectl get diagnoses.collscope.dev -o json`` until the operator has diagnosed and
+remediated it, and checks the verdict (``hang.network`` on rank 5 and its node) and the node:
+cordoned exactly when the shipped policy says so. It always cleans up: the workload's namespace
+(its Diagnoses release their nodes), ``collscope uncordon`` of the culprit node, the release,
+its namespace, and ``kubectl uncordon`` of any node this run left cordoned that was not before.
 
 How to run it on kind: README "End-to-end on kind". Not run from this project's CI (no cluster
 there); the pieces it is made of are checked there with no cluster:
@@ -106,7 +106,8 @@ def test_injected_nic_down_is_diagnosed_and_acted_on(cluster: Any, clusterkit: A
         deadline = time.monotonic() + wl.onset_s + DIAGNOSED_S
         done = None
         while done is None:
-            done = kit.finished(kubectl.json("get", "diagnoses", "-n", ns), wl.training_job)
+            listed = kubectl.json("get", "diagnoses.collscope.dev", "-n", ns)
+            done = kit.finished(listed, wl.training_job)
             if done is None:
                 assert time.monotonic() < deadline, "no Diagnosis in time\n" + _evidence(
                     kubectl, kit, ns
