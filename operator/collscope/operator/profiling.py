@@ -32,6 +32,7 @@ WINDOW_S = 10.0  # EROICA §4.1 profiles 20 s; 10 s at 100 Hz gives 1,000 sample
 # Fewer ranks than this cannot be compared (a median of two is no majority).
 MIN_WORKERS = 3
 _ID = re.compile(r"[^A-Za-z0-9._-]")
+_LOAD = ("util", "bytes", "throughput", "sm_clock")
 # Every sampled function is "python", time spent in torch's C++ and on the GPU included, so the
 # range EROICA expects of a Python function (β <= 0.01, D of §4.3) would flag every training
 # step: here any β is expected and only the differences between workers (Δ) count.
@@ -112,7 +113,9 @@ def localise(
         if c.rank is None or c.function is None or c.rank not in done:
             continue
         extra.append(compare(c.rank, c.function, done))
-        use = done[c.rank].resources
+        # Utilisation and traffic say how busy the rank's GPU and NIC were; error counters and
+        # clock-reason bit masks (also sampled) say nothing about load.
+        use = [u for u in done[c.rank].resources if any(w in u.metric for w in _LOAD)]
         if use:
             text = (f"{u.device} {u.metric} mean {u.mean:.2f} (max {u.max:.2f})" for u in use[:6])
             extra.append(f"rank {c.rank} over the window: " + ", ".join(text))

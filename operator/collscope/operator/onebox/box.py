@@ -227,7 +227,9 @@ class OneBox:
         log = (self.root / f"rank-{spec.rank}.log").open("ab")
         cmd = [sys.executable, "-m", "collscope.operator.onebox.rank", rank.spec_json(spec),
                self.state_arg]  # fmt: skip
-        self.ranks[spec.rank] = subprocess.Popen(cmd, stdout=log, stderr=log)
+        # The dormant probe, as the webhook injects it (issue 18): armed through the agent only.
+        env = {**os.environ, **rank.probe_env(spec, os.environ.get("PYTHONPATH", ""))}
+        self.ranks[spec.rank] = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
         log.close()
         node = self.hw.get(spec.node)
         if node is not None:  # NVML lists the process on its GPU, as a CUDA context would

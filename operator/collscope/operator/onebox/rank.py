@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import importlib.util
 import json
 import mmap
 import os
@@ -75,6 +76,13 @@ class Timing:
     nsteps: int = 8  # chunks per channel per operation
     count: int = 1 << 20  # float32 elements per AllReduce (4 MiB)
     poll_s: float = 0.001  # the proxy loop's sleep when nothing advanced
+    # The data loader's time per batch before the compute phase (host work: ``load_batch``),
+    # 0 unless asked: the fault scenarios' verdicts were tuned without it (a host phase before
+    # the compute shifts a power-capped GPU's straggling towards slow.host). The profiling e2e
+    # gives it 5 ms, and one rank's loader ``slow_loader_factor`` times that (-1: none).
+    loader_s: float = 0.0
+    slow_loader_rank: int = -1
+    slow_loader_factor: float = 8.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,11 +226,21 @@ class Rank:
 
     def train(self) -> None:
         while not self.stopped():
-            compute = self.t.compute_s * (faults.SLOW_FACTOR if self._active(*faults.LATE) else 1)
-            self._sleep(compute * self.rng.uniform(0.9, 1.1))
+            self.load_batch()
+            self.compute()
             if self._active("not-entered"):
                 self._sleep(float("inf"))  # stuck in host code: never enters the collective
             self.allreduce()
+
+    def load_batch(self) -> None:
+        """The data loader (what the profiling e2e names on its slow rank)."""
+        slow = self.spec.rank == self.t.slow_loader_rank
+        self._sleep(self.t.loader_s * (self.t.slow_loader_factor if slow else 1.0))
+
+    def compute(self) -> None:
+        """Forward and backward between two AllReduces."""
+        compute = self.t.compute_s * (faults.SLOW_FACTOR if self._active(*faults.LATE) else 1)
+        self._sleep(compute * self.rng.uniform(0.9, 1.1))
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -383,6 +401,22 @@ def open_state(where: str, spec: RankSpec) -> State:
         address = fabric.parse_address(where)
         return fabric.Client(address, spec.world, spec.timing.nchannels, spec.rank)
     return Shared(pathlib.Path(where), spec.world, spec.timing.nchannels)
+
+
+def probe_env(spec: RankSpec, pythonpath: str = "") -> dict[str, str]:
+    """What the webhook gives a training container for the dormant probe (``injection``):
+    the probe's site directory first on ``PYTHONPATH``, ``COLLSCOPE_PROBE=dormant``, and the
+    trace directory and rank it needs at interpreter start (``sitecustomize`` runs then)."""
+    found = importlib.util.find_spec("collscope.nodeagent.probe.site")
+    if found is None or not found.submodule_search_locations:
+        return {}
+    site = next(iter(found.submodule_search_locations))
+    return {
+        "PYTHONPATH": os.pathsep.join(p for p in (site, pythonpath) if p),
+        "COLLSCOPE_PROBE": "dormant",
+        "COLLSCOPE_TRACE_DIR": spec.trace_dir,
+        "RANK": str(spec.rank),
+    }
 
 
 def main(spec: RankSpec, shared: State) -> None:

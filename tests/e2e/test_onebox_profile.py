@@ -1,0 +1,93 @@
+"""Function-level diagnosis on a live job, end to end (issue 18): the one-box ranks (the real
+plugin, real agents, the real operator against kmock) run with the dormant probe injected as
+the webhook does (``rank.probe_env``); one rank's data loader is slow on purpose
+(``Timing.slow_loader_rank``); ``collscope.dev/profile=now`` on the TrainingJob arms every rank
+through the agents, and the Diagnosis written from the profiles names that rank and
+``load_batch``. A healthy job profiled the same way has no function culprit.
+
+Plain Python functions (no torch): the probe samples Python stacks whatever the workload.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("kmock")
+pytest.importorskip("pytest_asyncio")
+
+from collscope.operator import profile_handlers, profiling
+from collscope.operator.onebox import box, rank
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning"),
+]
+E2E = Any  # conftest.E2E
+# As tests/e2e/conftest.py's LAYOUT (E2E.cluster writes its pods): 2 nodes x 4 ranks.
+LAYOUT = box.Layout(nodes=2, ranks_per_node=4, job="onebox")
+TJ = "job-onebox"
+SLOW = 5  # a rank on node-1, its loader 8x slower (40 ms a batch instead of 5)
+# Discovery (1 s ticks), the 10 s window, the probes' 0.5 s poll, one pull: ~15 s on 2 cores.
+PROFILED_S = profiling.WINDOW_S + 30.0
+
+
+@pytest.fixture
+def onebox(
+    plugin: pathlib.Path, tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> Iterator[box.OneBox]:
+    """conftest's one-box with ``request.param`` as the slow loader's rank (-1: none)."""
+    # 5 ms a batch; the slow rank's 40 ms adds about a third to its iteration.
+    timing = rank.Timing(loader_s=0.005, slow_loader_rank=int(getattr(request, "param", -1)))
+    b = box.OneBox(LAYOUT, tmp_path / "box", plugin, seed=7, timing=timing)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+async def annotate(e2e: E2E, value: str) -> None:
+    """``kubectl annotate trainingjob job-onebox collscope.dev/profile=<value>``."""
+    h = e2e.harness
+    url = f"{h.url}/apis/collscope.dev/v1alpha1/namespaces/{h.NS}/trainingjobs/{TJ}"
+    patch = {"metadata": {"annotations": {profile_handlers.ANNOTATION: value}}}
+    async with httpx.AsyncClient() as client:
+        resp = await client.patch(
+            url, json=patch, headers={"Content-Type": "application/merge-patch+json"}
+        )
+        resp.raise_for_status()
+
+
+def profiled(e2e: E2E) -> dict[str, Any] | None:
+    for d in e2e.diagnoses():
+        labels = (d.get("metadata") or {}).get("labels") or {}
+        if profile_handlers.LABEL in labels and (d.get("status") or {}).get("phase"):
+            return dict(d)
+    return None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("onebox", [SLOW, -1], indirect=True, ids=["slow-loader", "healthy"])
+@pytest.mark.timeout(PROFILED_S + 60)
+async def test_profile_annotation(e2e: E2E, onebox: box.OneBox) -> None:
+    slow = onebox.timing.slow_loader_rank
+    onebox.start(None)
+    e2e.cluster()
+    async with e2e.operator():
+        await e2e.harness.until(lambda: e2e.tj_status().get("rankCount") == 8, 30)
+        await annotate(e2e, "now")
+        d = await e2e.harness.until(lambda: profiled(e2e), PROFILED_S)
+        result = d["status"]["result"]
+        named = [(c["rank"], c["function"]) for c in result["culprits"] if c.get("function")]
+        text = "\n".join(result["evidence"])
+        assert "not profiled" not in text, text  # every rank's probe answered
+        if slow < 0:
+            assert named == [], text
+            return
+        assert named and named[0][0] == slow and "load_batch" in named[0][1], (named, text)
+        line = next(e for e in result["evidence"] if e.startswith(f"rank {slow}: "))
+        assert "load_batch" in line and "median worker" in line, line
