@@ -1,8 +1,15 @@
-"""Probe overhead per training iteration when it is not profiling (target: ≤ 0.1 %).
+"""Probe overhead per training iteration (target while dormant: ≤ 0.1 %).
 
-    /tmp/torchvenv/bin/python bench/probe_overhead.py   # any Python with torch (CPU is fine)
+    .venv/bin/python bench/probe_overhead.py   # any Python with torch (CPU is fine)
 
-Two measurements, one core:
+First, the dormant probe the webhook injects (``probe/site/collscope_probe.py``, issue 18),
+side by side in one run: the same small training loop with no probe, with the probe's thread
+dormant (a ``stat`` of the arm file every 0.5 s) and with it armed (sampling the training
+thread's stack at 100 Hz), and no probe again (the difference between the two runs without a
+probe is the noise of the machine), 300 iterations a round, the four interleaved in rotating order
+for 12 rounds so that drift of a shared machine hits all alike; medians per iteration.
+
+Then the torch-hook probe (``probe/install.py``), two measurements, one core:
 
 1. the probe's own cost: ``Probe.on_event`` for one ``next`` and one ``step`` (what every
    iteration of a plain loop adds), timed over 200,000 iterations;
@@ -22,14 +29,18 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import contextlib
+import json
 import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
 from collscope.nodeagent.probe import config, install, runtime
+from collscope.nodeagent.probe.site import collscope_probe
 
 
 def per_event_cost_ns(trace_dir: str) -> float:
@@ -70,6 +81,54 @@ def train(torch: Any, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def _dormant_round(torch: Any, trace: str, mode: str, n: int) -> float:
+    """Seconds per iteration with no probe, a dormant one, or one armed for the round."""
+    if mode == "none":
+        return train(torch, n)
+    p = collscope_probe.Probe(
+        trace, 0, poll_s=collscope_probe.POLL_S if mode == "dormant" else 0.01
+    )
+    thread = threading.Thread(target=p.run, daemon=True)
+    thread.start()
+    try:
+        if mode == "armed":
+            req = {"id": f"bench-{time.time_ns()}", "window_s": 120, "hz": 100,
+                   "deadline_ns": time.time_ns() + 200 * 10**9}  # fmt: skip
+            path = os.path.join(trace, collscope_probe.ARM_FILE)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(json.dumps(req))
+            os.replace(path + ".tmp", path)
+            while not p.armed:
+                time.sleep(0.001)
+        return train(torch, n)
+    finally:
+        p.stop.set()
+        thread.join()
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(trace, collscope_probe.ARM_FILE))
+
+
+def dormant_probe(torch: Any, rounds: int = 12, n: int = 300) -> dict[str, float]:
+    modes = ("none", "none again", "dormant", "armed")  # the second "none": the noise floor
+    out: dict[str, list[float]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory() as trace:
+        train(torch, 100)  # warm-up
+        for i in range(rounds):
+            for m in modes[i % 4 :] + modes[: i % 4]:  # each mode first as often as the others
+                out[m].append(_dormant_round(torch, trace, m.split()[0], n))
+    med = {m: statistics.median(v) for m, v in out.items()}
+    base = med["none"]
+    print(
+        f"dormant probe, iteration (median of {rounds} rounds of {n}): no probe "
+        f"{base * 1e3:.3f} ms, again {med['none again'] * 1e3:.3f} ms "
+        f"({100 * (med['none again'] - base) / base:+.2f} %: the noise), "
+        f"dormant {med['dormant'] * 1e3:.3f} ms "
+        f"({100 * (med['dormant'] - base) / base:+.2f} %), armed at 100 Hz "
+        f"{med['armed'] * 1e3:.3f} ms ({100 * (med['armed'] - base) / base:+.2f} %)"
+    )
+    return med
+
+
 def main() -> int:
     try:
         import torch
@@ -83,6 +142,7 @@ def main() -> int:
         f"machine: {platform.machine()}, {os.cpu_count()} cpus (pinned to one), torch "
         f"{torch.__version__}, python {platform.python_version()}"
     )
+    dormant_probe(torch)
     with tempfile.TemporaryDirectory() as trace:
         cost = per_event_cost_ns(trace)
         print(f"probe cost per iteration (1 next + 1 step): {cost / 1000:.2f} µs")
