@@ -1,6 +1,6 @@
 """Confirmation before a cordon, repeated: each one-box remediation scenario N times.
 
-    .venv/bin/python bench/remediation_repeat.py              # 5 runs of each test, ~4 min
+    .venv/bin/python bench/remediation_repeat.py              # 5 runs of each test, ~7 min
     .venv/bin/python bench/remediation_repeat.py --runs 1     # what CI runs, once each
     .venv/bin/python bench/remediation_repeat.py --only killed --runs 10
 
@@ -25,6 +25,8 @@ Scenarios (the first test yields three rows, one box: cordon, deletion, release)
 - ``nic-down, no hardware sample``: the same fault, the HCA sampled healthy: hang.network on
   rank 5 (first, or tied first: the traces alone may not tell its NIC from a neighbour's),
   Confirmed False ``NotCorroborated``, no node marked;
+- ``nic-down, agents without hardware``: the same fault, the agents run with no hardware source
+  (``OneBox(hardware=False)``): Confirmed False ``NoHardwareSamples``, no node marked;
 - ``killed rank``: rank 5 SIGKILLed from outside: hang.process, Confirmed False
   ``ProcessDeath``, no node marked.
 
@@ -56,7 +58,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FILE = "tests/e2e/test_onebox_remediation.py"
 TESTS = {
     "confirmed": "test_nic_down_with_its_link_sample_cordons_and_outlives_the_job",
-    "uncorroborated": "test_nic_down_without_its_hardware_sample_is_not_confirmed",
+    "uncorroborated": "test_nic_down_without_its_hardware_sample_is_not_confirmed[healthy]",
+    "nohardware": "test_nic_down_without_its_hardware_sample_is_not_confirmed[absent]",
     "killed": "test_killed_rank_is_never_confirmed",
 }
 RECORD_ENV = "COLLSCOPE_REMEDIATION_RECORD"
@@ -85,6 +88,8 @@ EXPECT = {
                                 flag="released"),
     "nic-down, no hardware sample": Expect("uncorroborated", "hang.network", "False",
                                            "NotCorroborated", (), tied=True),
+    "nic-down, agents without hardware": Expect("nohardware", "hang.network", "False",
+                                                "NoHardwareSamples", (), tied=True),
     "killed rank": Expect("killed", "hang.process", "False", "ProcessDeath", ()),
 }  # fmt: skip
 

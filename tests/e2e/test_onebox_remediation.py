@@ -6,8 +6,9 @@ confidence 0 (``PERMISSIVE``: the confirmation, not the threshold, is what is te
 - a NIC that stops delivering *with* its link-down sample: Confirmed True after the re-check,
   the node cordoned, tainted and carrying the ``CollscopeFaulty`` condition; deleting the
   TrainingJob and its Diagnosis keeps every mark, ``collscope uncordon`` then releases them;
-- the same fault without the hardware side (the agents sample a healthy HCA): Confirmed False
-  ``NotCorroborated``, no node touched;
+- the same fault without the hardware side: the agents sample a healthy HCA, Confirmed False
+  ``NotCorroborated``; or the agents have no hardware source, ``NoHardwareSamples``; no node
+  touched either way;
 - a rank killed from outside: ``hang.process``, Confirmed False ``ProcessDeath`` (the policy
   never lets a dead process mark its node), no node touched. tests/e2e/test_onebox.py's killed
   rank checks the diagnosis itself (its last state, the evidence); this one the remediation.
@@ -33,7 +34,7 @@ pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
 from collscope.operator import jobs, policy, remediation, settings, status
-from collscope.operator.onebox import faults
+from collscope.operator.onebox import box, faults
 
 # kmock 0.8's load_bundled() uses importlib.resources.read_binary, deprecated in Python 3.11.
 pytestmark = [
@@ -225,33 +226,55 @@ async def test_nic_down_with_its_link_sample_cordons_and_outlives_the_job(
     assert _node_events(e2e, NODE) == ["CollscopeCordoned", "CollscopeReleased"]
 
 
+# sample -> (the record's scenario, the Confirmed reason)
+WITHOUT = {
+    "healthy": ("nic-down, no hardware sample", "NotCorroborated"),
+    "absent": ("nic-down, agents without hardware", "NoHardwareSamples"),
+}
+
+
 @pytest.mark.asyncio
+@pytest.mark.parametrize("sample", sorted(WITHOUT))
 @pytest.mark.timeout(90)
-async def test_nic_down_without_its_hardware_sample_is_not_confirmed(e2e: E2E) -> None:
-    e2e.box.hw_symptoms = False  # the agents sample the culprit's HCA, healthy: port ACTIVE
-    _start(e2e, "nic-down")
-    async with _operator(e2e):
-        onset, done = await _settled(e2e)
-        st = done["status"]
-        _record("nic-down, no hardware sample", onset, st, e2e)
-        culprits = st["result"]["culprits"]
-        top = [c["rank"] for c in culprits if c["score"] == culprits[0]["score"]]
-        assert (st["category"], st["culpritNode"], CULPRIT in top) == (
-            "hang.network", NODE, True,
-        ), st["result"]  # fmt: skip
-        confirmed = _confirmed(st)
-        assert confirmed is not None, st
-        assert (confirmed["status"], confirmed["reason"]) == ("False", "NotCorroborated")
-        assert st["action"] == "not-confirmed", st["actions"]
-        conf = st["confirmation"]
-        assert (conf["state"], conf["node"], conf["reason"]) == (
-            "NotConfirmed", NODE, "NotCorroborated",
-        ), conf  # fmt: skip
-        # the judged device: the first culprit's HCA (rank r uses mlx5_<r mod 4>), healthy
-        assert conf["devices"] == [f"mlx5_{st['culpritRank'] % 4}/1"], conf
-        assert conf["symptoms"] == [], conf
-        _untouched(e2e, st)
-        assert _node_events(e2e, NODE) == ["CollscopeNotConfirmed"]
+async def test_nic_down_without_its_hardware_sample_is_not_confirmed(
+    e2e: E2E, sample: str, tmp_path: pathlib.Path
+) -> None:
+    """``healthy``: the agents sample the culprit's HCA, its port ACTIVE; ``absent``: agents
+    without any hardware source (``OneBox(hardware=False)``), as on a node with no NVML nor
+    RDMA sysfs: no sample, no device map."""
+    scenario, reason = WITHOUT[sample]
+    if sample == "healthy":
+        e2e.box.hw_symptoms = False
+    else:  # the fixture's box is built with hardware and not started: this one replaces it
+        e2e.box = box.OneBox(e2e.box.layout, tmp_path / "box-nohw", e2e.box.plugin, seed=SEED,
+                             hardware=False)  # fmt: skip
+    try:
+        _start(e2e, "nic-down")
+        async with _operator(e2e):
+            onset, done = await _settled(e2e)
+            st = done["status"]
+            _record(scenario, onset, st, e2e)
+            culprits = st["result"]["culprits"]
+            top = [c["rank"] for c in culprits if c["score"] == culprits[0]["score"]]
+            assert (st["category"], st["culpritNode"], CULPRIT in top) == (
+                "hang.network", NODE, True,
+            ), st["result"]  # fmt: skip
+            confirmed = _confirmed(st)
+            assert confirmed is not None, st
+            assert (confirmed["status"], confirmed["reason"]) == ("False", reason), confirmed
+            assert st["action"] == "not-confirmed", st["actions"]
+            conf = st["confirmation"]
+            assert (conf["state"], conf["node"], conf["reason"]) == (
+                "NotConfirmed", NODE, reason,
+            ), conf  # fmt: skip
+            # the judged device: the first culprit's HCA (rank r uses mlx5_<r mod 4>), healthy
+            hca = [f"mlx5_{st['culpritRank'] % 4}/1"] if sample == "healthy" else []
+            assert (conf["devices"], conf["symptoms"]) == (hca, []), conf
+            _untouched(e2e, st)
+            assert _node_events(e2e, NODE) == ["CollscopeNotConfirmed"]
+    finally:
+        if sample == "absent":
+            e2e.box.close()
 
 
 @pytest.mark.asyncio
