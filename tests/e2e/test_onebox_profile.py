@@ -5,12 +5,18 @@ the webhook does (``rank.probe_env``); one rank's data loader is slow on purpose
 through the agents, and the Diagnosis written from the profiles names that rank and
 ``load_batch``. A healthy job profiled the same way has no function culprit.
 
+By itself: proxy-delay's slow.host verdict (no hardware fault) makes the operator profile the
+job and add ``functions: ...`` to that Diagnosis, naming rank 5's stalled proxy function. (A
+loader turning slow mid-run opens no verdict in the one-box: the AllReduce itself is as fast,
+ranks only enter it later, which the collective trigger does not count as a slowdown.)
+
 Plain Python functions (no torch): the probe samples Python stacks whatever the workload.
 """
 
 from __future__ import annotations
 
 import pathlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +27,7 @@ pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
 from collscope.operator import profile_handlers, profiling
-from collscope.operator.onebox import box, rank
+from collscope.operator.onebox import box, faults, rank
 
 pytestmark = [
     pytest.mark.slow,
@@ -91,3 +97,38 @@ async def test_profile_annotation(e2e: E2E, onebox: box.OneBox) -> None:
         assert named and named[0][0] == slow and "load_batch" in named[0][1], (named, text)
         line = next(e for e in result["evidence"] if e.startswith(f"rank {slow}: "))
         assert "load_batch" in line and "median worker" in line, line
+
+
+# A slowdown's trigger needs healthy ticks first (test_onebox's HEALTHY_S for slowdowns), then
+# ~5 s to its Diagnosis (three slow ticks) and the profiling's window after it.
+HEALTHY_S = 5.0
+AUTO_S = HEALTHY_S + 25.0 + PROFILED_S
+
+
+def functions_added(e2e: E2E) -> dict[str, Any] | None:
+    for d in e2e.diagnoses():
+        result = (d.get("status") or {}).get("result") or {}
+        if any(e.startswith("functions: ") for e in result.get("evidence", [])):
+            return dict(d)
+    return None
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(AUTO_S + 60)
+async def test_a_host_side_slow_verdict_is_profiled_by_itself(e2e: E2E, onebox: box.OneBox) -> None:
+    """proxy-delay (Mycroft #7) gives slow.host, no hardware fault: the operator profiles the
+    job by itself and adds what it found to that Diagnosis (``functions: ...``)."""
+    inj = faults.choose("proxy-delay", seed=7, ranks_by_node=LAYOUT.ranks_by_node(), onset_s=0.0)
+    onebox.start(inj)
+    onebox.arm(time.time() + HEALTHY_S)
+    e2e.cluster()
+    async with e2e.operator():
+        d = await e2e.harness.until(lambda: functions_added(e2e), AUTO_S)
+        tj = e2e.harness.obj(e2e.harness.TJ, TJ) or {}
+        asked = tj["metadata"]["annotations"][profile_handlers.ANNOTATION]
+        assert asked == profile_handlers.AUTO_PREFIX + d["metadata"]["name"]
+        assert d["spec"]["trigger"] == "slow" and len(e2e.diagnoses()) == 1
+        text = "\n".join(d["status"]["result"]["evidence"])
+        assert "not profiled" not in text, text
+        # The stalled proxy (the fault) is the function named on its rank.
+        assert "functions: rank 5: " in text and "_proxy_stall" in text, text

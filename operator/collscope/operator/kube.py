@@ -183,6 +183,18 @@ class Cluster(Kube):
         )  # fmt: skip
         return None if obj is None else dict(obj)
 
+    async def annotate_trainingjob(
+        self, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Merge ``annotations`` into a TrainingJob's (``profile_handlers``' own request)."""
+        await self._call(
+            f"annotating TrainingJob {namespace}/{name}",
+            self._objects.patch_namespaced_custom_object,
+            GROUP, VERSION, namespace, TRAININGJOBS, name,
+            {"metadata": {"annotations": dict(annotations)}},
+            _content_type=MERGE_PATCH,
+        )  # fmt: skip
+
     async def get_node(self, name: str) -> dict[str, Any] | None:
         """A Node as the API server sends it (camelCase keys), None when gone."""
         client = self._core.api_client

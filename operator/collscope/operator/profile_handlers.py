@@ -14,6 +14,13 @@ a timestamp) makes the operator, without blocking a kopf worker:
    ``Diagnosed``: ``culprits[].function`` and the evidence naming each function with β/μ/sigma
    against the median worker, and the ranks that could not be profiled.
 
+The same runs by itself (``wanted``, ``request``): when a slow verdict names no culprit, has a
+confidence below ``LOW_CONFIDENCE`` or names no hardware fault (a host-side or software slowdown,
+where the function is the question), ``diagnosis_handlers`` sets the annotation to
+``auto-<that Diagnosis>``, once per Diagnosis; the profiling's function culprits and evidence
+(``functions: ...``) are then added to that Diagnosis rather than written as a new one.
+``off`` on the TrainingJob turns both off.
+
 The Diagnosis carries the label ``collscope.dev/profile`` so that ``diagnosis_handlers`` leaves
 it alone (it is analysed here, from profiles, not from a window of records) and it is never
 remediated: a Python function on one rank is no node's fault. What is pending is kept in
@@ -42,12 +49,16 @@ from collscope.operator import (
     status,
     trigger_loop,
 )
+from collscope.operator.analysis import diagnosis
 
 ANNOTATION = "collscope.dev/profile"
 LABEL = "collscope.dev/profile"  # on a Diagnosis written here: diagnosis_handlers skips it
 # After the agents' deadline, how long a rank still shown as sampling is waited for (its probe
 # writes the result file when the window ends; the agent reads it on the next pull).
 LATE_S = 5.0
+# Below this, a slow verdict's culprit is a guess worth checking function by function.
+LOW_CONFIDENCE = 0.6
+AUTO_PREFIX = "auto-"
 NS = 1_000_000_000
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -82,7 +93,7 @@ async def on_annotation(
     logger: Logger,
     **_: Any,
 ) -> None:
-    if not new:
+    if not new or str(new).strip().lower() == "off":
         return
     key: jobs.JobKey = (namespace or "", name)
     profiles: dict[jobs.JobKey, Pending] = memo.setdefault("profiles", {})
@@ -96,10 +107,41 @@ async def on_annotation(
     if profiling.pending(reports) and time.time_ns() < p.deadline_ns + LATE_S * NS:
         raise kopf.TemporaryError(f"profiling {p.id}: ranks still sampling", delay=1)
     result = await asyncio.to_thread(profiling.localise, reports, p.job, [*p.failed, *failed])
-    await write(memo.kube, key, str(meta.get("uid") or ""), p, result)
+    target = p.value[len(AUTO_PREFIX) :] if p.value.startswith(AUTO_PREFIX) else ""
+    if not target or not await write_into(memo.kube, key[0], target, result):
+        await write(memo.kube, key, str(meta.get("uid") or ""), p, result)
     profiles.pop(key, None)
     named = [f"rank {c.rank} {c.function}" for c in result.culprits if c.function]
     logger.info("profiling %s: %s", p.id, "; ".join(named) or "no function culprit")
+
+
+def wanted(result: diagnosis.Diagnosis) -> bool:
+    """Whether a fresh verdict asks for function-level profiling (module docstring)."""
+    if not result.anomaly or result.trigger != "slow":
+        return False
+    if not result.culprits or result.confidence < LOW_CONFIDENCE or result.category is None:
+        return True
+    try:
+        return not diagnosis.Category.from_name(result.category).value.hardware
+    except ValueError:
+        return True
+
+
+async def request(
+    api: kube.Cluster, namespace: str, job: str, diagnosis_name: str, logger: Logger
+) -> bool:
+    """Ask for a profiling of ``job`` by its annotation (``on_annotation`` runs it), unless
+    the job says ``off``; False when not asked."""
+    try:
+        tj = await api.get_trainingjob(namespace, job)
+        current = str(((tj or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION, ""))
+        if tj is None or current.strip().lower() == "off":
+            return False
+        await api.annotate_trainingjob(namespace, job, {ANNOTATION: AUTO_PREFIX + diagnosis_name})
+    except errors.KubeError as e:
+        logger.warning("profiling of %s/%s not requested: %s", namespace, job, e)
+        return False
+    return True
 
 
 async def start(memo: kopf.Memo, key: jobs.JobKey, value: str) -> Pending:
@@ -123,6 +165,30 @@ async def start(memo: kopf.Memo, key: jobs.JobKey, value: str) -> Pending:
     deadline = max(a.deadline_ns for a in armed.values())
     return Pending(value, req_id, profiling.WINDOW_S, deadline, sorted(armed),
                    jobs.bundle_job(key[1], rt.ranks), failed)  # fmt: skip
+
+
+async def write_into(
+    api: kube.Cluster, namespace: str, name: str, profiled: diagnosis.Diagnosis
+) -> bool:
+    """Add a profiling's function culprits and evidence (``functions:``, after the verdict's
+    first sentence) to the Diagnosis that asked for it; False when it is gone."""
+    try:
+        found = [d for d in await api.list_diagnoses(namespace)
+                 if (d.get("metadata") or {}).get("name") == name]  # fmt: skip
+        if not found:
+            return False
+        old = diagnosis.Diagnosis.model_validate((found[0].get("status") or {}).get("result") or {})
+        lines = [f"functions: {e}" for e in profiled.evidence]
+        merged = old.model_copy(
+            update={
+                "culprits": [*old.culprits, *(c for c in profiled.culprits if c.function)],
+                "evidence": [*old.evidence[:1], *lines, *old.evidence[1:]],
+            }
+        )
+        await api.patch_status(kube.DIAGNOSES, namespace, name, {"result": status.result(merged)})
+    except errors.KubeError as e:
+        raise kopf.TemporaryError(f"profiling into {name}: {e}", delay=2) from e
+    return True
 
 
 async def write(api: kube.Cluster, key: jobs.JobKey, job_uid: str, p: Pending, result: Any) -> str:

@@ -109,6 +109,7 @@ def localise(
         )  # fmt: skip
     found = engine.diagnose_patterns(table.PatternTable.from_patterns(rows), SETTINGS, job=job)
     extra = []
+    shown: set[int] = set()  # ranks whose GPU/NIC use is said (once each)
     for c in found.culprits:
         if c.rank is None or c.function is None or c.rank not in done:
             continue
@@ -116,7 +117,8 @@ def localise(
         # Utilisation and traffic say how busy the rank's GPU and NIC were; error counters and
         # clock-reason bit masks (also sampled) say nothing about load.
         use = [u for u in done[c.rank].resources if any(w in u.metric for w in _LOAD)]
-        if use:
+        if use and c.rank not in shown:
+            shown.add(c.rank)
             text = (f"{u.device} {u.metric} mean {u.mean:.2f} (max {u.max:.2f})" for u in use[:6])
             extra.append(f"rank {c.rank} over the window: " + ", ".join(text))
     return found.model_copy(update={"evidence": [*extra, *found.evidence, *missing]})

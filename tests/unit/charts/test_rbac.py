@@ -71,6 +71,7 @@ CALLS: dict[str, list[tuple[Any, ...]]] = {
     "create_diagnosis": [({"metadata": {"name": "d", "namespace": NS}},)],
     "patch_status": [(kube.DIAGNOSES, NS, "d", {"phase": "Diagnosed"})],
     "get_trainingjob": [(NS, "tj")],
+    "annotate_trainingjob": [(NS, "tj", {"collscope.dev/profile": "auto-d"})],
     "list_diagnoses": [(NS,)],
     "delete_diagnosis": [(NS, "d")],
     "get_node": [("n1",)],

@@ -79,7 +79,8 @@ class Timing:
     # The data loader's time per batch before the compute phase (host work: ``load_batch``),
     # 0 unless asked: the fault scenarios' verdicts were tuned without it (a host phase before
     # the compute shifts a power-capped GPU's straggling towards slow.host). The profiling e2e
-    # gives it 5 ms, and one rank's loader ``slow_loader_factor`` times that (-1: none).
+    # gives it 5 ms, and one rank's loader ``slow_loader_factor`` times that (-1: none), from
+    # the onset (``Shared.arm``) when one is armed, else from the start.
     loader_s: float = 0.0
     slow_loader_rank: int = -1
     slow_loader_factor: float = 8.0
@@ -234,7 +235,8 @@ class Rank:
 
     def load_batch(self) -> None:
         """The data loader (what the profiling e2e names on its slow rank)."""
-        slow = self.spec.rank == self.t.slow_loader_rank
+        onset = self.shared.onset_ns  # slow from the one-box's onset when one is armed
+        slow = self.spec.rank == self.t.slow_loader_rank and time.time_ns() >= onset
         self._sleep(self.t.loader_s * (self.t.slow_loader_factor if slow else 1.0))
 
     def compute(self) -> None:
