@@ -4,10 +4,10 @@ speaks authentication.k8s.io/v1 and authorization.k8s.io/v1 (test_auth.py's ``Fa
 the operator's token is allowed everything, a tenant's ServiceAccount token is authenticated but
 allowed nothing.
 
-Unauthenticated, forged and wrongly authorized requests to the endpoints that pause processes
-or give away other tenants' data (``/v1/stacks``, ``/v1/flightrecorder``, ``/v1/window``,
-``/v1/export``) are refused before any work. py-spy never runs for them. Meanwhile the operator
-keeps being served.
+Unauthenticated, forged and wrongly authorized requests to the endpoints that pause processes,
+arm probes or give away other tenants' data (``/v1/stacks``, ``/v1/flightrecorder``,
+``/v1/profile``, ``/v1/window``, ``/v1/export``) are refused before any work. py-spy never runs
+for them. Meanwhile the operator keeps being served.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from collscope.nodeagent import agent, auth, settings, stacks
 ENDPOINTS = [
     ("POST", "/v1/stacks", {"pids": [1]}),
     ("POST", "/v1/flightrecorder", {}),
+    ("POST", "/v1/profile", {"id": "p1"}),  # would arm every rank's probe on the node
+    ("GET", "/v1/profile?id=p1", None),
     ("GET", "/v1/window", None),
     ("GET", "/v1/export", None),
     ("GET", "/v1/ranks", None),
@@ -45,6 +47,8 @@ class ApiServerThread:
             allowed={(test_auth.OPERATOR, "get", "agents/data"),
                      (test_auth.OPERATOR, "create", "agents/stacks"),
                      (test_auth.OPERATOR, "create", "agents/flightrecorder"),
+                     (test_auth.OPERATOR, "create", "agents/profile"),
+                     (test_auth.OPERATOR, "get", "agents/profile"),
                      (test_auth.OPERATOR, "get", "/metrics")},
         )  # fmt: skip
         self.loop = asyncio.new_event_loop()
