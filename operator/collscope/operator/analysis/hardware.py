@@ -76,7 +76,8 @@ def judge(
             t_ns=t_ns,
             comm_id=comm_id,
         )
-        return Verdict(Cat.HANG_NETWORK, b.culprits, b.evidence, b.margin, with_flows)
+        seen = 1.0 if b.observed_down else with_flows  # nics.py: a down link needs no more
+        return Verdict(Cat.HANG_NETWORK, b.culprits, b.evidence, b.margin, seen)
     gpu = _gpu_scores(ft, v, ranks)
     if gpu.max() > 0:
         order = np.lexsort((ranks, progress, -gpu))

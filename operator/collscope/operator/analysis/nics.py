@@ -25,6 +25,12 @@ inter-node hop is this one) the flows cannot tell which end died. The verdict th
 with equal scores and margin 0 (confidence <= 0.5) and names what settles it: the link state
 of each NIC. A candidate NIC whose last ``nic_link_up`` sample (``hwsamples``, joined through
 job.json by device) says down is the one.
+
+How much of the group was seen (members whose flows were in flight in a sample) bounds a
+verdict read from flows alone: an unseen member's flows could point elsewhere. A down link on
+an endpoint of this operation's blocked flows is not read from flows: it is the fault itself,
+observed on the device, and explains every blocked flow through it, so it does not need the
+unseen members (``Blame.observed_down``; the verdict's coverage is then 1).
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ class Blame:
     culprits: list[diagnosis.Culprit]
     evidence: list[str]
     margin: float  # 0..1, (best - second) / best over device scores; 0 when tied
+    # The first NIC is the only top-scored candidate whose own link sample reports it down:
+    # an observation independent of the flows, which unseen members' flows cannot outweigh.
+    observed_down: bool = False
 
 
 def _key(where: placement.Placement, rank: int) -> Key:
@@ -150,7 +159,8 @@ def blame(
                     bundle, where, r, score=score[k] / score[best], comm_id=comm_id, ft=ft, flow=f
                 )
             )
-    return Blame(culprits[:MAX_CULPRITS], ev, margin)
+    observed = best in down and sum(score[k] == score[best] for k in down) == 1
+    return Blame(culprits[:MAX_CULPRITS], ev, margin, observed)
 
 
 def _ranks_of(where: placement.Placement, k: Key) -> tuple[int, ...]:

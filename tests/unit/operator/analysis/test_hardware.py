@@ -190,3 +190,25 @@ def test_intra_node_operation_has_node_precision_from_kernel_progress() -> None:
     assert all(c.node == "n0" for c in v.culprits)
     assert v.culprits[0].score >= v.culprits[1].score >= v.culprits[2].score
     assert any("node n0" in e for e in v.evidence)
+
+
+@pytest.mark.parametrize("reported", [True, False])
+def test_a_down_link_on_the_blocked_path_does_not_need_the_unseen_members(reported: bool) -> None:
+    # Ranks 1 and 2 are in the operation with no flow in flight in any sample: from flows alone
+    # half the group is unseen and the verdict's coverage is 1/2. Rank 0's own link sample
+    # reporting down observes the fault on the device itself: coverage 1. A link sample that
+    # reports up changes nothing.
+    p = _Pair()
+    p.state(0, [_send(3, 10, 10, 6)])
+    p.state(1)
+    p.state(2)
+    p.state(3, [_recv(0, 14, 6, 6)])
+    p.nic("n0", "mlx5_0", up=not reported)
+    v = _judge(p.b.build(), HANG + 2 * S)
+    assert v.category is Cat.HANG_NETWORK
+    if reported:
+        assert [(c.rank, c.score) for c in v.culprits] == [(0, 1.0), (3, 0.5)]
+        assert (v.margin, v.coverage) == (0.5, 1.0)
+    else:
+        assert [(c.rank, c.score) for c in v.culprits] == [(0, 1.0), (3, 1.0)]
+        assert (v.margin, v.coverage) == (0.0, 0.5)
