@@ -55,7 +55,7 @@ def _inject(e2e: E2E, kind: str | None) -> faults.Injection | None:
 
 
 def _healthy_s(kind: str | None) -> float:
-    return HEALTHY_S["hang" if kind is None or faults.is_hang(kind) else "slow"]
+    return HEALTHY_S["hang" if kind is None or kind in faults.HANGS else "slow"]
 
 
 # The shipped policy's confidence threshold: below it a hardware verdict is a suspect.

@@ -86,24 +86,6 @@ def target(
     return Target(rank=rank, root=root, pipe=f"{stem}{rank}.pipe", dump=f"{prefix}{rank}")
 
 
-def environ_of(pid: int, *, proc_root: pathlib.Path = pathlib.Path("/proc")) -> dict[str, str]:
-    """A process's environment as it started (``/proc/<pid>/environ``, NUL-separated)."""
-    try:
-        raw = (proc_root / str(pid) / "environ").read_bytes()
-    except OSError as e:
-        raise errors.FlightRecorderUnavailable(f"pid {pid}: environment: {e.strerror}") from e
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
-
-
-def target_of_pid(
-    rank: int, pid: int, *, proc_root: pathlib.Path = pathlib.Path("/proc")
-) -> Target | None:
-    """``target`` for the training process ``pid`` (agent with ``hostPID``): its environment,
-    and its paths seen through ``/proc/<pid>/root`` (the container's filesystem)."""
-    return target(rank, environ_of(pid, proc_root=proc_root), root=proc_root / str(pid) / "root")
-
-
 # -- trigger ---------------------------------------------------------------------------------
 def poke(t: Target) -> None:
     """Write one byte to a rank's debug pipe without ever blocking (and only to a FIFO)."""

@@ -36,15 +36,6 @@ class Kube:
     def __init__(self, api_client: kubernetes.client.ApiClient) -> None:
         self._objects = kubernetes.client.CustomObjectsApi(api_client)
 
-    @classmethod
-    def from_environment(cls) -> Kube:
-        """In a pod: its service account; elsewhere: the current kubeconfig context."""
-        try:
-            kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(kubernetes.client.ApiClient())
-
     async def owner_metadata(
         self, owner: owners.OwnerRef, namespace: ids.Namespace
     ) -> Mapping[str, Any] | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from collscope.nodeagent import errors, flightrecorder, frdump
+from collscope.nodeagent import agent, errors, flightrecorder, frdump
 
 T0 = 1_732_001_234_000_000_000
 
@@ -301,29 +301,6 @@ def test_missing_and_odd_fields_become_empty() -> None:
     assert (e.collective_seq_id, e.is_p2p, e.time_created_ns, e.input_sizes) == (9, None, None, [])
 
 
-def test_target_of_a_real_process(paths: tuple[str, str]) -> None:
-    stem, prefix = paths
-    env = {"PATH": os.environ.get("PATH", ""), flightrecorder.PIPE_ENV: stem}
-    env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = prefix
-    # Read after "ready" and with no exec to come: across an exec, /proc environ changes.
-    ready = "import time; print('ready', flush=True); time.sleep(30)"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ready], env=env, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        t = flightrecorder.target_of_pid(5, proc.pid)
-        root = pathlib.Path(f"/proc/{proc.pid}/root")
-        assert t == flightrecorder.Target(
-            rank=5, root=root, pipe=f"{stem}5.pipe", dump=f"{prefix}5"
-        )
-    finally:
-        proc.kill()
-        proc.communicate(timeout=10)
-    with pytest.raises(errors.FlightRecorderUnavailable, match="environment"):
-        flightrecorder.environ_of(proc.pid)
-
-
 TRAINER_PROCESS = """
 import os, pickle, time
 stem = os.environ["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"]
@@ -348,7 +325,8 @@ while True:
 
 
 def test_trigger_a_real_process_through_proc_root(paths: tuple[str, str]) -> None:
-    """The agent's path: settings from /proc/<pid>/environ, files through /proc/<pid>/root."""
+    """The agent's path (``agent.fr_dumper``): settings from /proc/<pid>/environ, files
+    through /proc/<pid>/root."""
     stem, prefix = paths
     env = {
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": stem,
@@ -360,9 +338,7 @@ def test_trigger_a_real_process_through_proc_root(paths: tuple[str, str]) -> Non
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        t = flightrecorder.target_of_pid(3, proc.pid)
-        assert t is not None and t.shown(t.pipe).startswith(f"/proc/{proc.pid}/root/")
-        report = flightrecorder.trigger([t], timeout_s=5)
+        report = agent.fr_dumper()([(3, proc.pid)], 5.0)
     finally:
         proc.kill()
         proc.communicate(timeout=10)

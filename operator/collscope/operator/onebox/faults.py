@@ -101,7 +101,3 @@ def info_of(kind: str) -> truth.FaultInfo:
 
 def expected_category(kind: str) -> str | None:
     return info_of(kind).category
-
-
-def is_hang(kind: str) -> bool:
-    return info_of(kind).hang

@@ -41,10 +41,10 @@ def test_families_and_categories_agree_with_the_simulator() -> None:
     assert set(faults.NAMES) == set(truth.FAULT_NAMES) - {"none"} | set(faults.PROCESS)
     assert set(faults.RELIABLE) <= set(faults.NAMES)
     for kind in faults.NAMES:
-        assert faults.is_hang(kind) == (kind in faults.HANGS)
+        assert faults.info_of(kind).hang == (kind in faults.HANGS)
         category = faults.expected_category(kind)
         assert category is not None
-        assert category.startswith("hang." if faults.is_hang(kind) else "slow.")
+        assert category.startswith("hang." if kind in faults.HANGS else "slow.")
 
 
 def test_unknown_fault_is_named() -> None:
@@ -57,6 +57,6 @@ def test_process_faults_are_one_box_hangs_of_their_own_category(kind: str) -> No
     """Not in the simulator's catalogue (no processes there), a hang of one rank, expected
     ``hang.process``: the category that is never a network fault nor a cordon."""
     assert kind not in truth.FAULT_NAMES and kind in faults.RELIABLE
-    assert faults.is_hang(kind) and faults.expected_category(kind) == "hang.process"
+    assert kind in faults.HANGS and faults.expected_category(kind) == "hang.process"
     inj = faults.choose(kind, seed=7, ranks_by_node=RANKS_BY_NODE, onset_s=0)
     assert inj.ranks == (5,) and inj.node == "node-1"
