@@ -211,12 +211,18 @@ class FlightRecorderRequest(_Wire):
     ``max_entries``: keep only the newest that many entries of each process group in each
     dump (None: all). A dump holds up to ``TORCH_NCCL_TRACE_BUFFER_SIZE`` entries (often 2,000,
     about 1 MB of JSON per rank); the operator's summary needs the last few.
+
+    ``raw``: also each rank's dump file unchanged, in base64 (``raw_b64`` of each dump, or
+    ``raw_omitted`` with the reason; 32 MiB of files per answer at most), for PyTorch's own
+    ``torch.distributed.flight_recorder``; ``max_entries`` does not trim it. An agent before
+    this field ignores it and sends neither.
     """
 
     ranks: list[int] | None = None
     workloads: list[str] | None = None  # see the module docstring
     timeout_s: Seconds = 10.0
     max_entries: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    raw: bool = False
 
 
 class ErrorResponse(_Wire):

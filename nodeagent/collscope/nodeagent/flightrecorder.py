@@ -15,11 +15,16 @@ symlink as last component, never out of the root, the pipe only if a FIFO, the d
 regular file, without blocking, size capped). torch writes the dump in place, so a dump counts
 as collected once the file changed since the poke and parses as a whole pickle (``frdump``:
 plain containers only, in a child under CPU, memory and time limits). Every failure is one
-rank's: the other ranks' dumps still come back.
+rank's: the other ranks' dumps still come back. A request with ``raw`` also gets each file as
+it was parsed, unchanged, in base64 (``exported``; ``RAW_MAX_BYTES`` per answer), for torch's
+own ``torch.distributed.flight_recorder`` (``collscope flightrecorder`` writes them out). It
+is the same endpoint and the same right (``create agents/flightrecorder``): the files hold
+what the parsed answer leaves out, such as each entry's Python stack.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
 import os
 import pathlib
@@ -35,6 +40,9 @@ from collscope.nodeagent import errors, frdump, rootfs
 PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 DUMP_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 DUMP_FILE_STEM = "torch/comm_lib_trace_rank_"  # under the cache directory
+# Raw dump bytes held per request, all ranks together: a dump of torch's default 2,000 entries
+# with stacks is ~4 MB, so 8 ranks of a node fit; 43 MiB of base64 in the answer at most.
+RAW_MAX_BYTES = 32 << 20
 
 
 def default_dump_prefix(environ: Mapping[str, str]) -> str:
@@ -124,11 +132,15 @@ def trigger(
     poll_s: float = 0.05,
     max_bytes: int = frdump.MAX_DUMP_BYTES,
     parser: frdump.Parser | None = None,
+    raw_max_bytes: int = RAW_MAX_BYTES,
 ) -> FlightRecorderReport:
     """Poke every target's pipe, then collect each new dump (a file that changed since the
     poke and parses as a whole pickle) until ``timeout_s``; failures are per rank. Changed
-    dumps are parsed concurrently, each at most once per change, under ``parser``'s limits."""
+    dumps are parsed concurrently, each at most once per change, under ``parser``'s limits.
+    The files' bytes stay in ``RankDump.raw`` as they arrive, up to ``raw_max_bytes`` in
+    all; a later one past it has ``raw_omitted`` instead."""
     parser = parser or frdump.Parser()
+    raw_left = raw_max_bytes
     failures: dict[int, str] = {}
     before: dict[int, tuple[int, int, int] | None] = {}
     for t in targets:
@@ -161,6 +173,7 @@ def trigger(
                     # it changes again, until the deadline; only then is it an error.
                     last_error[rank] = result
                 else:
+                    result, raw_left = _raw_within(result, raw_left, raw_max_bytes)
                     dumps.append(result)
                     del pending[rank]
             if not pending or time.monotonic() >= deadline:
@@ -178,6 +191,16 @@ def trigger(
 
 # A dump found just before the request's deadline still gets this long to parse.
 MIN_PARSE_S = 1.0
+
+
+def _raw_within(d: frdump.RankDump, left: int, cap: int) -> tuple[frdump.RankDump, int]:
+    """``d`` with its raw bytes when they fit in ``left``, else without, saying why."""
+    if d.raw is None:
+        return d, left
+    if len(d.raw) <= left:
+        return d, left - len(d.raw)
+    why = f"{len(d.raw)} bytes, over what is left of the {cap >> 20} MiB of raw dumps per answer"
+    return d.model_copy(update={"raw": None, "raw_omitted": f"{why}: ask for fewer ranks"}), left
 
 
 def _collect(
@@ -238,4 +261,18 @@ def newest(report: FlightRecorderReport, max_entries: int) -> FlightRecorderRepo
                 kept.append(e)
                 seen[e.pg_id] = n + 1
         dumps.append(d.model_copy(update={"entries": kept[::-1]}))
+    return report.model_copy(update={"dumps": dumps})
+
+
+# -- export ----------------------------------------------------------------------------------
+def exported(report: FlightRecorderReport) -> FlightRecorderReport:
+    """``report`` for a ``raw`` request: each dump's file in base64 (``raw_b64``), unchanged,
+    for torch's own tools, or ``raw_omitted`` saying why not."""
+    dumps = []
+    for d in report.dumps:
+        if d.raw is not None:
+            upd = {"raw": None, "raw_b64": base64.b64encode(d.raw).decode("ascii")}
+        else:
+            upd = {"raw_omitted": d.raw_omitted or "the agent kept no copy of this dump"}
+        dumps.append(d.model_copy(update=upd))
     return report.model_copy(update={"dumps": dumps})

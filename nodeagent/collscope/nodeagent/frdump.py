@@ -113,6 +113,12 @@ class RankDump(_Model):
     pg_config: list[PgInfo] = Field(default_factory=list)
     pg_status: list[PgStatus] = Field(default_factory=list)
     entries: list[Entry] = Field(default_factory=list)
+    # The dump file byte for byte as it was parsed (``read``), kept for a request that asks
+    # for it (``flightrecorder.exported``); never serialised itself.
+    raw: bytes | None = Field(default=None, exclude=True, repr=False)
+    # Only in answers to ``raw`` requests: the file in base64, or why it is left out.
+    raw_b64: str | None = None
+    raw_omitted: str = ""
 
 
 def loads(data: bytes, *, file: str = "<bytes>") -> Any:
@@ -225,13 +231,15 @@ def read(
     timeout_s: float | None = None,
 ) -> RankDump:
     """Read one dump file inside ``root`` (never through a symlink as its last component, never
-    out of ``root``, only a regular file, at most ``max_bytes``) and parse it under limits."""
+    out of ``root``, only a regular file, at most ``max_bytes``) and parse it under limits;
+    the bytes parsed stay in ``RankDump.raw``."""
     file = _shown(root, path)
     try:
         data = rootfs.read_regular(root, path, max_bytes=max_bytes)
     except OSError as e:
         raise errors.FlightRecorderDumpInvalid(file, e.strerror or str(e)) from e
-    return (parser or Parser()).parse(data, rank=rank, file=file, timeout_s=timeout_s)
+    dump = (parser or Parser()).parse(data, rank=rank, file=file, timeout_s=timeout_s)
+    return dump.model_copy(update={"raw": data})
 
 
 def _shown(root: pathlib.Path, path: str) -> str:

@@ -396,7 +396,8 @@ class Server:
         _no_params(q)
         req = await self._body(request, api.FlightRecorderRequest)
         self._limit(caller)
-        log.info("Flight Recorder for %s from %s: ranks=%s", caller, request.remote, req.ranks)
+        log.info("Flight Recorder for %s from %s: ranks=%s raw=%s", caller, request.remote,
+                 req.ranks, req.raw)  # fmt: skip
         report = await self._run_in(self._slow, functools.partial(self.svc.flightrecorder, req))
         return await self._json(request, 200, report)
 

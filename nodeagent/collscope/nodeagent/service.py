@@ -7,7 +7,8 @@ injected here (STYLE habit 10), so that tests pass fakes with the same interface
 - ``stacks``: ``collscope.nodeagent.stacks.dump`` (py-spy), called as ``stacks(pids, timeout_s)``;
 - ``flightrecorder``: a callable ``([(rank, pid), ...], timeout_s) -> FlightRecorderReport``
   (PyTorch's dump pipe; ``agent.fr_dumper`` adapts ``flightrecorder.trigger``); a request's
-  ``max_entries`` trims the report here (``flightrecorder.newest``);
+  ``max_entries`` trims the report here (``flightrecorder.newest``), ``raw`` adds the files
+  (``flightrecorder.exported``);
 - ``probe``: ``liveness.ProcessProbe`` (``/proc``), which says whether a ring's writer is
   running, stopped or dead; without it every writer's process state is ``unknown``;
 - ``devices``: ``hardware.devicemap.DeviceMap``, each ring's writer -> its GPU and NIC, served
@@ -387,7 +388,7 @@ class Service:
             report = report.model_copy(update={"errors": errs})
         if req.max_entries is not None:
             report = flightrecorder.newest(report, req.max_entries)
-        return report
+        return flightrecorder.exported(report) if req.raw else report
 
     # -- health ---------------------------------------------------------------------------
     def livez(self, max_age_s: float) -> api.HealthResponse:

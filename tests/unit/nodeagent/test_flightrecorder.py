@@ -5,6 +5,7 @@ seen)."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import io
 import os
@@ -177,6 +178,35 @@ def test_trigger_collects_and_converts_every_rank(
     assert done.retired is True and done.is_p2p is False
     # JSON-ready: what the agent serves the operator.
     assert '"collective_seq_id":7' in report.model_dump_json()
+
+
+def test_trigger_keeps_each_file_unchanged_for_export(
+    trainers: list[Trainer], paths: tuple[str, str]
+) -> None:
+    report = flightrecorder.trigger(targets(paths, range(2)), timeout_s=5)
+    assert [d.raw for d in report.dumps] == [t.payload for t in trainers]
+    assert "raw" not in report.dumps[0].model_dump()  # never on the wire as bytes
+    out = flightrecorder.exported(report)
+    assert [base64.b64decode(d.raw_b64 or "") for d in out.dumps] == [t.payload for t in trainers]
+    assert [d.raw for d in out.dumps] == [None, None] and out.dumps[0].raw_omitted == ""
+
+
+def test_raw_dumps_past_the_cap_are_left_out_with_the_reason(
+    trainers: list[Trainer], paths: tuple[str, str]
+) -> None:
+    sizes = [len(t.payload) for t in trainers]
+    cap = max(sizes) + min(sizes) // 2  # exactly one fits, whichever comes first
+    out = flightrecorder.exported(
+        flightrecorder.trigger(targets(paths, range(2)), timeout_s=5, raw_max_bytes=cap)
+    )
+    assert [d.raw_b64 is not None for d in out.dumps].count(True) == 1
+    (left_out,) = [d for d in out.dumps if d.raw_b64 is None]
+    size = sizes[left_out.rank]
+    assert f"{size} bytes, over what is left of the " in left_out.raw_omitted
+    assert left_out.entries  # the parsed dump is still there
+    unkept = flightrecorder.FlightRecorderReport(dumps=[frdump.RankDump(rank=0, file="f")])
+    (d,) = flightrecorder.exported(unkept).dumps
+    assert d.raw_b64 is None and d.raw_omitted == "the agent kept no copy of this dump"
 
 
 def test_a_stale_dump_is_not_taken_for_the_new_one(paths: tuple[str, str]) -> None:

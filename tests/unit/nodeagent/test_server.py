@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pathlib
@@ -62,7 +63,10 @@ class Calls:
         """One dump per rank: three entries on process group 0, then one on group 1."""
         self.fr.append((list(targets), timeout_s))
         entries = [frdump.Entry(pg_id=pg, collective_seq_id=s) for pg, s in FR_ENTRIES]
-        dumps = [frdump.RankDump(rank=r, file=f"f{r}", entries=entries) for r, _ in targets]
+        dumps = [
+            frdump.RankDump(rank=r, file=f"f{r}", entries=entries, raw=b"dump %d" % r)
+            for r, _ in targets
+        ]
         return flightrecorder.FlightRecorderReport(dumps=dumps)
 
 
@@ -290,6 +294,17 @@ def test_flight_recorder_keeps_the_newest_entries_per_group_when_asked(running: 
     ]  # fmt: skip
     r = running.http.post("/v1/flightrecorder", json={"ranks": [1], "max_entries": -1})
     assert r.status_code == 400 and r.json()["parameter"] == "max_entries"
+
+
+def test_flight_recorder_raw_files_only_when_asked(running: Running) -> None:
+    r = running.http.post("/v1/flightrecorder", json={"ranks": [0, 1], "max_entries": 1})
+    assert [d["raw_b64"] for d in r.json()["dumps"]] == [None, None]
+    assert b"dump 0" not in r.content
+    r = running.http.post("/v1/flightrecorder", json={"ranks": [1], "max_entries": 1, "raw": True})
+    assert r.status_code == 200
+    (dump,) = r.json()["dumps"]
+    assert base64.b64decode(dump["raw_b64"]) == b"dump 1"  # the file, untouched by max_entries
+    assert len(dump["entries"]) == 2 and dump["raw_omitted"] == ""
 
 
 def test_metrics(running: Running) -> None:
