@@ -1,10 +1,11 @@
 """The operator's client of the node agents' HTTP API (``collscope.nodeagent.api``, ``/v1/``).
 
-The trigger loop pulls summaries of the sampled ranks from their nodes' agents every second,
-and on a trigger the window around it from the agents of the affected ranks (DESIGN §5, §6).
-Both fan out to many nodes at once, so every call here is ``async`` (httpx) and ``gather``
-runs one call per node concurrently. An unreachable agent is a result, not a failure: the
-trigger works with the ranks it could read and the Diagnosis names the nodes it could not.
+The trigger loop pulls the recent window of the sampled ranks from their nodes' agents every
+tick, and the Diagnosis handler the window around the trigger from the agents of the affected
+ranks (docs/design.md, "Data path"). Both fan out to many nodes at once, so every call here is
+``async`` (httpx) and ``gather`` runs one call per node concurrently. An unreachable agent is
+a result, not a failure: the trigger works with the ranks it could read and the Diagnosis
+names the nodes it could not.
 
 The window is asked for in the columnar wire form (``bundle.columnar``, by ``Accept``), which is
 decoded straight into numpy tables; an agent that answers JSON lines instead (one older than
@@ -20,13 +21,13 @@ context, so a rotation never makes an agent untrusted mid-way.
 
 Retries: a connection error, a timeout or a 5xx answer is retried ``retries`` times with
 exponential backoff (``backoff_s``, doubled each time); a 4xx answer is our mistake and is not.
+The timeout and the retries default to ``access``'s (``settings.AgentSettings``: one source of
+truth); callers that need others (a longer timeout for stacks, no retry for a dump) say so.
 This module is the one boundary where httpx and pydantic errors become
 ``errors.AgentUnreachable`` / ``errors.AgentError``, always ``from`` the original. Usage::
 
     client = agents.AgentClient("node-3", "http://10.0.0.3:9464")
-    got, failed = await agents.gather(
-        {"node-3": client.summaries([24, 25], window_s=5.0)}
-    )
+    got, failed = await agents.gather({"node-3": client.ranks()})
 """
 
 from __future__ import annotations
@@ -52,10 +53,7 @@ from collscope.operator import errors, settings
 T = TypeVar("T")
 M = TypeVar("M", bound=pydantic.BaseModel)
 
-# The trigger runs every second; one slow agent must not hold a tick for longer than that.
-DEFAULT_TIMEOUT_S: Final = 2.0
-DEFAULT_RETRIES: Final = 2
-DEFAULT_BACKOFF_S: Final = 0.1
+DEFAULT_BACKOFF_S: Final = 0.1  # first retry after 0.1 s, then 0.2 s: well inside a tick
 # An agent's error body longer than this is not its ErrorResponse: cut it in messages.
 ERROR_TEXT_MAX: Final = 200
 # The window's columnar form first; JSON lines from an agent that does not know it.
@@ -71,20 +69,24 @@ class Unreachable:
 
 
 class AgentClient:
-    """One node agent at ``base_url``; ``access``: TLS and token (None: the system's CAs, no
-    token). ``transport`` is for tests (an httpx transport)."""
+    """One node agent at ``base_url``; ``access``: TLS, token, timeout and retries (None: the
+    system's CAs, no token, ``settings.AgentSettings``' defaults); ``timeout_s`` and ``retries``
+    override access's. ``transport`` is for tests (an httpx transport)."""
 
     def __init__(
         self,
         node: str,
         base_url: str,
         *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        retries: int = DEFAULT_RETRIES,
+        timeout_s: float | None = None,
+        retries: int | None = None,
         backoff_s: float = DEFAULT_BACKOFF_S,
         transport: httpx.AsyncBaseTransport | None = None,
         access: settings.AgentSettings | None = None,
     ) -> None:
+        defaults = access or settings.AgentSettings()
+        timeout_s = defaults.timeout_s if timeout_s is None else timeout_s
+        retries = defaults.retries if retries is None else retries
         if retries < 0 or backoff_s < 0 or timeout_s <= 0:
             raise ValueError(f"agent client {node}: bad timeout/retries/backoff")
         self.node = node
@@ -110,15 +112,6 @@ class AgentClient:
     async def ranks(self) -> api.RanksResponse:
         """``GET /v1/ranks``: the rings on the node with identity and health."""
         return _parse(api.RanksResponse, await self._get("/v1/ranks", {}), self._url("/v1/ranks"))
-
-    async def summaries(
-        self, ranks: Sequence[int], *, window_s: float, workloads: Sequence[str] | None = None
-    ) -> api.SummariesResponse:
-        """``GET /v1/summaries``: trigger summaries of ``ranks`` (of ``workloads``: the job's
-        pods on the node, ``api.RankInfo.workload``) over the last ``window_s``."""
-        params = {"ranks": _csv(ranks), "window_s": f"{window_s:g}"} | _named(workloads)
-        body = await self._get("/v1/summaries", params)
-        return _parse(api.SummariesResponse, body, self._url("/v1/summaries"))
 
     async def window_lines(
         self,

@@ -107,9 +107,7 @@ def client_for(memo: kopf.Memo, node: str, host_ip: str) -> agents.AgentClient |
     client = cache.get((node, url))
     if client is None:
         cfg: settings.Settings = memo.settings
-        client = agents.AgentClient(
-            node, url, timeout_s=cfg.agents.timeout_s, retries=cfg.agents.retries, access=cfg.agents
-        )
+        client = agents.AgentClient(node, url, access=cfg.agents)
         cache[(node, url)] = client
     return client
 

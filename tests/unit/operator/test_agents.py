@@ -37,49 +37,58 @@ def client(handler: Handler, *, retries: int = 2) -> agents.AgentClient:
     )
 
 
-def summaries_body(rank: int) -> dict[str, object]:
-    s = {
+def ranks_body(rank: int) -> dict[str, object]:
+    r = {
         "rank": rank,
-        "window_s": 5.0,
-        "from_ns": T0,
-        "to_ns": T0 + 5 * 10**9,
+        "ring_path": f"/run/collscope/rank{rank}.ring",
         "health": "live",
-        "completed_ops": 3,
-        "completed_bytes": 3 << 20,
-        "throughput_bytes_per_s": 629145.6,
-        "mean_op_interval_ns": 1.5e9,
-        "last_completion_ns": T0 + 4 * 10**9,
-        "comms": [],
-        "in_flight": [],
         "a_field_from_a_newer_agent": 1,
     }
-    return {"api": "v1", "node": "node-1", "now_ns": T0 + 5 * 10**9, "summaries": [s]}
+    return {"api": "v1", "node": "node-1", "now_ns": T0, "ranks": [r]}
 
 
-def test_summaries_sends_the_query_and_parses_the_answer() -> None:
+def test_ranks_parses_the_answer_and_ignores_fields_it_does_not_know() -> None:
     seen: list[httpx.Request] = []
 
     def handler(req: httpx.Request) -> httpx.Response:
         seen.append(req)
-        return httpx.Response(200, json=summaries_body(7))
+        return httpx.Response(200, json=ranks_body(7))
 
-    got = asyncio.run(client(handler).summaries([7, 9], window_s=5.0))
-    assert got.summaries[0].rank == 7 and got.summaries[0].completed_ops == 3
-    assert seen[0].url.path == "/v1/summaries"
-    assert dict(seen[0].url.params) == {"ranks": "7,9", "window_s": "5"}
+    got = asyncio.run(client(handler).ranks())
+    assert got.ranks[0].rank == 7 and got.ranks[0].health == "live"
+    assert seen[0].url.path == "/v1/ranks"
+
+
+def test_timeout_and_retries_default_to_the_agent_settings() -> None:
+    calls = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        calls.append(req)
+        raise httpx.ConnectError("connection refused", request=req)
+
+    plain = agents.AgentClient(
+        "node-1", "http://agent.test:9464", transport=httpx.MockTransport(handler), backoff_s=0.0
+    )
+    with pytest.raises(errors.AgentUnreachable):
+        asyncio.run(plain.ranks())
+    assert len(calls) == settings.AgentSettings().retries + 1
+    assert plain._http.timeout.read == settings.AgentSettings().timeout_s
+    access = dataclasses.replace(settings.AgentSettings(), timeout_s=7.0, retries=0)
+    mine = agents.AgentClient("node-1", "http://agent.test:9464", access=access)
+    assert mine._http.timeout.read == 7.0 and mine._retries == 0
 
 
 def test_a_5xx_is_retried_with_backoff_then_succeeds() -> None:
     answers = [
         httpx.Response(503, json={"error": "warming up"}),
-        httpx.Response(200, json=summaries_body(1)),
+        httpx.Response(200, json=ranks_body(1)),
     ]
 
     def handler(req: httpx.Request) -> httpx.Response:
         return answers.pop(0)
 
-    got = asyncio.run(client(handler, retries=1).summaries([1], window_s=1.0))
-    assert got.summaries[0].rank == 1 and not answers
+    got = asyncio.run(client(handler, retries=1).ranks())
+    assert got.ranks[0].rank == 1 and not answers
 
 
 def test_a_4xx_is_not_retried_and_names_the_parameter() -> None:
@@ -90,7 +99,7 @@ def test_a_4xx_is_not_retried_and_names_the_parameter() -> None:
         return httpx.Response(400, json={"error": "not an integer: 'x'", "parameter": "ranks"})
 
     with pytest.raises(errors.AgentError) as info:
-        asyncio.run(client(handler, retries=3).summaries([1], window_s=1.0))
+        asyncio.run(client(handler, retries=3).ranks())
     assert len(calls) == 1
     msg = str(info.value)
     assert "node-1" in msg and "HTTP 400" in msg and "parameter ranks" in msg
@@ -119,19 +128,17 @@ def test_an_answer_that_is_not_v1_is_an_agent_error_naming_the_field() -> None:
 
 def test_gather_reports_failed_nodes_and_keeps_the_others() -> None:
     def ok(req: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=summaries_body(2))
+        return httpx.Response(200, json=ranks_body(2))
 
     def down(req: httpx.Request) -> httpx.Response:
         raise httpx.ConnectTimeout("timed out", request=req)
 
-    async def run() -> tuple[dict[str, api.SummariesResponse], list[agents.Unreachable]]:
+    async def run() -> tuple[dict[str, api.RanksResponse], list[agents.Unreachable]]:
         a, b = client(ok), client(down, retries=0)
-        return await agents.gather(
-            {"node-a": a.summaries([2], window_s=1.0), "node-b": b.summaries([3], window_s=1.0)}
-        )
+        return await agents.gather({"node-a": a.ranks(), "node-b": b.ranks()})
 
     got, failed = asyncio.run(run())
-    assert list(got) == ["node-a"] and got["node-a"].summaries[0].rank == 2
+    assert list(got) == ["node-a"] and got["node-a"].ranks[0].rank == 2
     assert [f.node for f in failed] == ["node-b"] and "ConnectTimeout" in failed[0].reason
 
 
