@@ -3,6 +3,7 @@
     .venv/bin/python bench/operator_scale.py                  # 1,024 ranks, 5 runs, ~5 min
     .venv/bin/python bench/operator_scale.py --ranks 256 --runs 3
     .venv/bin/python bench/operator_scale.py --diagnosis-window 5   # pull 5 s, not 10 s
+    .venv/bin/python bench/operator_scale.py --secure both --runs 3  # plain, then TLS + auth
 
 Per run: ``collscope.operator.simulator`` simulates the job (TP8 x PP4 x DP32 at 1,024 ranks,
 8 GPUs and one pod per node, a GPU hang at ``--onset`` s; seed = run number) and its records
@@ -20,6 +21,16 @@ the real trigger loop, ``agents.AgentClient`` over HTTP, the analysis engine, re
 against kmock, the Kubernetes emulator of the tests, here in this process (a child-process
 mode of this script, ``--operator``: it only adds the resourceVersion kmock does not assign,
 as the tests' Harness does). The TrainingJob, nodes and pods are created up front.
+
+``--secure on`` serves the agents as the chart deploys them: HTTPS with a leaf certificate of
+a CA made for the run (the ``openssl`` command; the agent's own ``server.Certificate`` context),
+every request authorized as ``server.Server`` does it (bearer token, ``auth.attributes`` of the
+route, one ``auth.Cache`` over an ``auth.KubeReviewer`` per node, as each node's agent has its
+own), the reviews answered by an HTTPS stand-in of the API server's TokenReview and
+SubjectAccessReview endpoints in this process (``Reviews``: the operator's audience-bound token
+and the chart's grants). The operator verifies the agents against the CA under the chart's
+server name and presents its token from a file (``settings.AgentSettings``). ``--secure both``
+runs each seed plain and then secure, one after the other, and prints both.
 
 Measured, per run: fault onset (the simulator's ground truth) -> Diagnosis created (trigger)
 -> phase Diagnosed -> Flight Recorder summary in its status; the operator process's CPU
@@ -42,11 +53,14 @@ import dataclasses
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from typing import Any
@@ -54,7 +68,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from collscope.nodeagent import api, server
+from collscope.nodeagent import api, auth, server, settings
 from collscope.nodeagent.bundle import columnar, tables, writer
 from collscope.operator.simulator import config, topology, truth
 from collscope.operator.simulator import engine as simulator
@@ -175,8 +189,11 @@ def _ranges(table: tables.Table) -> dict[int, tuple[int, int]]:
     return {int(r): (int(s), int(e)) for r, s, e in zip(ranks, starts, ends, strict=True)}
 
 
-def agents_app(replay: list[Replay], gpus: int, *, json_only: bool = False) -> web.Application:
-    """``/<node>/v1/...`` for every node of the job: the simulated agents."""
+def agents_app(
+    replay: list[Replay], gpus: int, *, json_only: bool = False, guard: Any = None
+) -> web.Application:
+    """``/<node>/v1/...`` for every node of the job: the simulated agents; ``guard``: a
+    middleware in front of every route (``authorizing``)."""
 
     def node_ranks(node: str) -> list[int]:
         n = int(node.rsplit("-", 1)[1])
@@ -217,12 +234,139 @@ def agents_app(replay: list[Replay], gpus: int, *, json_only: bool = False) -> w
         asked = (await req.json()).get("ranks") or node_ranks(req.match_info["node"])
         return web.json_response(replay[0].flight_recorder([int(r) for r in asked]))
 
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=[guard] if guard else [])
     app.router.add_get("/{node}/v1/ranks", ranks)
     app.router.add_get("/{node}/v1/window", window)
     app.router.add_post("/{node}/v1/stacks", stacks)
     app.router.add_post("/{node}/v1/flightrecorder", flight_recorder)
     return app
+
+
+# -- TLS and authorization (--secure on) ---------------------------------------------------
+SERVER_NAME = "collscope-agent.collscope-system.svc"  # the name the chart's certificate carries
+AUDIENCE = "collscope-agent"  # the chart's agent.auth.audience
+OPERATOR = "system:serviceaccount:collscope-system:collscope-operator"
+OPERATOR_TOKEN = "bench-operator-token"  # made up: the stand-in knows it
+AGENT_TOKEN = "bench-agent-token"
+# The operator's grants in the chart (agent-clusterrole.yaml, "-client"): (verb, subresource).
+GRANTS = {("get", "data"), ("create", "stacks"), ("create", "flightrecorder"),
+          ("create", "profile"), ("get", "profile")}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Secure:
+    """A CA, the agents' leaf certificate it signed, and the two tokens, as files."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+    operator_token_file: str
+    agent_token_file: str
+
+    @classmethod
+    def make(cls, directory: str) -> Secure:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            raise SystemExit("--secure needs the openssl command (to make the run's CA)")
+        d = directory
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        ext = [f"subjectAltName=DNS:{SERVER_NAME},IP:127.0.0.1", "basicConstraints=CA:FALSE",
+               "keyUsage=critical,digitalSignature", "extendedKeyUsage=serverAuth"]  # fmt: skip
+        with open(f"{d}/leaf.ext", "w") as f:
+            f.write("\n".join(ext) + "\n")
+        for cmd in (
+            ["req", "-x509", *ec, "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt", "-days", "1",
+             "-subj", "/CN=collscope-bench-ca", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign"],
+            ["req", *ec, "-keyout", f"{d}/tls.key", "-out", f"{d}/tls.csr",
+             "-subj", f"/CN={SERVER_NAME}"],
+            ["x509", "-req", "-in", f"{d}/tls.csr", "-CA", f"{d}/ca.crt", "-CAkey", f"{d}/ca.key",
+             "-CAcreateserial", "-out", f"{d}/tls.crt", "-days", "1", "-extfile", f"{d}/leaf.ext"],
+        ):  # fmt: skip
+            subprocess.run([openssl, *cmd], check=True, capture_output=True, timeout=30)
+        for name, token in (("operator.token", OPERATOR_TOKEN), ("agent.token", AGENT_TOKEN)):
+            with open(f"{d}/{name}", "w") as f:
+                f.write(token + "\n")
+        return cls(f"{d}/ca.crt", f"{d}/tls.crt", f"{d}/tls.key", f"{d}/operator.token",
+                   f"{d}/agent.token")  # fmt: skip
+
+
+class Reviews:
+    """The API server's TokenReview and SubjectAccessReview endpoints as the agents call them
+    (authentication.k8s.io/v1, authorization.k8s.io/v1: 201 and the review with its status).
+    Only the operator's token with the agents' audience authenticates; RBAC is ``GRANTS``."""
+
+    def __init__(self) -> None:
+        self.counts = {"TokenReview": 0, "SubjectAccessReview": 0}
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self.tokenreviews)
+        app.router.add_post(
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews", self.subjectaccessreviews
+        )
+        return app
+
+    async def tokenreviews(self, req: web.Request) -> web.Response:
+        body = await self._check(req)
+        spec = body["spec"]
+        ok = spec.get("token") == OPERATOR_TOKEN and AUDIENCE in spec.get("audiences", [])
+        status: dict[str, Any] = {"authenticated": ok}
+        if ok:
+            groups = ["system:serviceaccounts", "system:authenticated"]
+            status["user"] = {"username": OPERATOR, "uid": "uid-operator", "groups": groups}
+            status["audiences"] = [AUDIENCE]
+        self.counts["TokenReview"] += 1
+        return web.json_response({**body, "status": status}, status=201)
+
+    async def subjectaccessreviews(self, req: web.Request) -> web.Response:
+        body = await self._check(req)
+        spec = body["spec"]
+        ra = spec.get("resourceAttributes") or {}
+        allowed = (
+            spec.get("user") == OPERATOR
+            and (ra.get("group"), ra.get("resource")) == (auth.GROUP, auth.RESOURCE)
+            and (ra.get("verb"), ra.get("subresource")) in GRANTS
+        )
+        self.counts["SubjectAccessReview"] += 1
+        return web.json_response({**body, "status": {"allowed": allowed}}, status=201)
+
+    async def _check(self, req: web.Request) -> dict[str, Any]:
+        if req.headers.get("Authorization") != f"Bearer {AGENT_TOKEN}":
+            raise web.HTTPUnauthorized(text='{"kind":"Status","code":401}')
+        body: dict[str, Any] = await req.json()
+        return body
+
+
+def authorizing(sec: Secure, api_server: str) -> tuple[Any, list[auth.KubeReviewer]]:
+    """Middleware that authorizes each ``/<node>/v1/...`` request as that node's agent does
+    (``server.Server._authorize``): its own ``auth.Cache`` over its own ``auth.KubeReviewer``.
+    Also the reviewers, to close."""
+    a = settings.AuthSettings()
+    trust = ssl.create_default_context(cafile=sec.ca_file)
+    caches: dict[str, auth.Cache] = {}
+    made: list[auth.KubeReviewer] = []
+
+    @web.middleware
+    async def authorize(request: web.Request, handler: Any) -> web.StreamResponse:
+        node = request.match_info.get("node", "")
+        cache = caches.get(node)
+        if cache is None:
+            r = auth.KubeReviewer(api_server, auth.TokenFile(sec.agent_token_file),
+                                  ssl_context=trust, audiences=(AUDIENCE,))  # fmt: skip
+            made.append(r)
+            cache = caches[node] = auth.Cache(r, ttl_s=a.cache_ttl_s, denied_ttl_s=a.denied_ttl_s)
+        token = auth.bearer(request.headers.get("Authorization"))
+        user = None if token is None else await cache.authenticate(token)
+        if user is None:
+            return web.json_response({"error": "the token was not accepted"}, status=401)
+        attrs = auth.attributes(request.method, request.path[len(node) + 1 :], node)
+        if attrs is None or not await cache.authorize(user, attrs):
+            return web.json_response({"error": f"{user.name} may not"}, status=403)
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return authorize, made
 
 
 # -- the cluster: kmock in this process -----------------------------------------------------
@@ -273,8 +417,11 @@ def diagnoses(k: Any) -> list[dict[str, Any]]:
 
 
 # -- the operator process -------------------------------------------------------------------
-def operator_main(kube_url: str, agent_url: str, metrics_port: int, window_s: float) -> None:
-    """``--operator`` mode: collscope-operator as ``__main__.main`` builds it, against kmock."""
+def operator_main(
+    kube_url: str, agent_url: str, metrics_port: int, window_s: float, access: list[str]
+) -> None:
+    """``--operator`` mode: collscope-operator as ``__main__.main`` builds it, against kmock;
+    ``access``: the agents' CA file, their server name and the token file, or nothing."""
     import kopf
     import kubernetes
     import prometheus_client
@@ -288,8 +435,11 @@ def operator_main(kube_url: str, agent_url: str, metrics_port: int, window_s: fl
                     "uid": "uid-" + body["metadata"]["name"]}  # fmt: skip
             return await super().create_diagnosis({**body, "metadata": meta})
 
+    ca_file, server_name, token_file = access or ("", "", "")
+    agents = settings.AgentSettings(url_template=agent_url + "/{node}", ca_file=ca_file,
+                                    server_name=server_name, token_file=token_file)  # fmt: skip
     cfg = settings.Settings(
-        agents=settings.AgentSettings(url_template=agent_url + "/{node}"),
+        agents=agents,
         metrics_port=0, health_port=0, diagnosis_window_s=window_s,
     )  # fmt: skip
     meters = metrics.OperatorMetrics()
@@ -330,32 +480,47 @@ class Proc:
 
 
 # -- one run ---------------------------------------------------------------------------------
-async def run_once(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+async def run_once(args: argparse.Namespace, seed: int, sec: Secure | None) -> dict[str, Any]:
     import kmock
 
     nodes = args.ranks // 8
     duration = args.onset + args.after
     replay = [Replay.simulate(args.ranks, seed, duration, args.onset)]
-    runner = web.AppRunner(agents_app(replay, 8, json_only=args.json_window), access_log=None)
+    guard, reviews, access = None, Reviews(), []
+    reviewers: list[auth.KubeReviewer] = []
+    tls: ssl.SSLContext | None = None
+    if sec is not None:
+        tls = server.Certificate(settings.TLSSettings(sec.cert_file, sec.key_file)).context
+        api_runner = web.AppRunner(reviews.app(), access_log=None)
+        await api_runner.setup()
+        api_site = web.TCPSite(api_runner, "127.0.0.1", 0, ssl_context=tls)
+        await api_site.start()
+        api_port = api_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        guard, reviewers = authorizing(sec, f"https://127.0.0.1:{api_port}")
+        access = [sec.ca_file, SERVER_NAME, sec.operator_token_file]
+    app = agents_app(replay, 8, json_only=args.json_window, guard=guard)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    out: dict[str, Any] = {"seed": seed, "truth": replay[0].culprit}
+    scheme = "https" if sec else "http"
+    out: dict[str, Any] = {"seed": seed, "truth": replay[0].culprit, "secure": sec is not None}
     SERVED.update(diagnosis_s=0.0, diagnosis_mib=0.0)
     metrics_port = _free_port()
-    async with kmock.KubernetesEmulator() as k, kmock.Server(k) as server:
+    async with kmock.KubernetesEmulator() as k, kmock.Server(k) as kube:
         populate(k, nodes)
-        url = str(server.url).rstrip("/")
+        url = str(kube.url).rstrip("/")
         child = subprocess.Popen(
             [
                 sys.executable,
                 __file__,
                 "--operator",
                 url,
-                f"http://127.0.0.1:{port}",
+                f"{scheme}://127.0.0.1:{port}",
                 str(metrics_port),
                 str(args.diagnosis_window),
+                *access,
             ],
             stderr=subprocess.DEVNULL if not args.verbose else None,
         )
@@ -394,6 +559,7 @@ async def run_once(args: argparse.Namespace, seed: int) -> dict[str, Any]:
             out["hwm_mib"] = proc.mem_mib("VmHWM")
             out["analysis_s"] = _analysis_s(metrics_port)
             out.update(SERVED)
+            out.update(reviews.counts)
         finally:
             child.send_signal(signal.SIGINT)
             try:
@@ -402,6 +568,10 @@ async def run_once(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                 child.kill()
                 child.wait()
             await runner.cleanup()
+            for r in reviewers:
+                await r.aclose()
+            if sec is not None:
+                await api_runner.cleanup()
     return out
 
 
@@ -457,46 +627,71 @@ def main() -> int:
         action="store_true",
         help="agents answer /v1/window in JSON lines only (agents before the columnar form)",
     )
-    p.add_argument("--operator", nargs=4, help=argparse.SUPPRESS)  # the child process
+    p.add_argument(
+        "--secure",
+        choices=("off", "on", "both"),
+        default="off",
+        help="agents over HTTPS with TokenReview/SubjectAccessReview authorization (on), "
+        "without (off, the default), or each seed both ways one after the other",
+    )
+    # The child process: kube URL, agent URL, metrics port, window [, CA, server name, token].
+    p.add_argument("--operator", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.operator:
-        kube_url, agent_url, port, window_s = args.operator
-        operator_main(kube_url, agent_url, int(port), float(window_s))
+        kube_url, agent_url, port, window_s, *access = args.operator
+        operator_main(kube_url, agent_url, int(port), float(window_s), access)
         return 0
     print(f"# .venv/bin/python bench/operator_scale.py --ranks {args.ranks} --runs {args.runs} "
           f"--onset {args.onset:g} --after {args.after:g} "
           f"--diagnosis-window {args.diagnosis_window:g}"
-          f"{' --json-window' if args.json_window else ''}")  # fmt: skip
+          f"{' --json-window' if args.json_window else ''} --secure {args.secure}")  # fmt: skip
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs ({_cpu_model()}), "
           f"Python {platform.python_version()}, "
           f"{when}")  # fmt: skip
-    rows = []
-    for i in range(args.runs):
-        r = asyncio.run(run_once(args, seed=i + 1))
-        rows.append(r)
-        print(f"run {i + 1}: trigger {r.get('created_s', float('nan')):.2f} s, Diagnosed "
-              f"{r.get('diagnosed_s', float('nan')):.2f} s, Flight Recorder "
-              f"{r.get('evidence_s', float('nan')):.2f} s after onset (pull + analysis "
-              f"{r.get('analysis_s', float('nan')):.2f} s, of which the simulated agents "
-              f"encoding {r['diagnosis_mib']:.0f} MiB: {r['diagnosis_s']:.2f} s); "
-              f"{r.get('category')} rank "
-              f"{r.get('culprit')} (truth {r['truth']}); watching CPU {r['cpu_pct']:.1f} %, "
-              f"RSS {r['rss_mib']:.0f} MiB, peak {r.get('hwm_mib', float('nan')):.0f} MiB",
-              flush=True)  # fmt: skip
-        print(f"  first Diagnosis: {r.get('incident')}")
-        print(f"  flightRecorder ({r.get('fr_asked')} ranks asked): {r.get('fr', '-')[:400]}")
-        for note in r.get("fr_notes", [])[:3]:
-            print(f"  note: {note}")
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.secure]
+    rows: dict[bool, list[dict[str, Any]]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="collscope-bench-") as tmp:
+        sec = Secure.make(tmp) if True in modes else None
+        for i in range(args.runs):
+            for secure in modes:
+                r = asyncio.run(run_once(args, seed=i + 1, sec=sec if secure else None))
+                rows[secure].append(r)
+                _print_run(i, r)
+    for secure, got in rows.items():
+        _print_summary(args.ranks, got, "TLS + auth" if secure else "plain HTTP, no auth")
+    return 0
+
+
+def _print_run(i: int, r: dict[str, Any]) -> None:
+    how = (f"TLS + auth, {r['TokenReview']} TokenReviews, {r['SubjectAccessReview']} SARs"
+           if r["secure"] else "plain")  # fmt: skip
+    print(f"run {i + 1} ({how}): trigger {r.get('created_s', float('nan')):.2f} s, Diagnosed "
+          f"{r.get('diagnosed_s', float('nan')):.2f} s, Flight Recorder "
+          f"{r.get('evidence_s', float('nan')):.2f} s after onset (pull + analysis "
+          f"{r.get('analysis_s', float('nan')):.2f} s, of which the simulated agents "
+          f"encoding {r['diagnosis_mib']:.0f} MiB: {r['diagnosis_s']:.2f} s); "
+          f"{r.get('category')} rank "
+          f"{r.get('culprit')} (truth {r['truth']}); watching CPU {r['cpu_pct']:.1f} %, "
+          f"RSS {r['rss_mib']:.0f} MiB, peak {r.get('hwm_mib', float('nan')):.0f} MiB",
+          flush=True)  # fmt: skip
+    print(f"  first Diagnosis: {r.get('incident')}")
+    print(f"  flightRecorder ({r.get('fr_asked')} ranks asked): {r.get('fr', '-')[:400]}")
+    for note in r.get("fr_notes", [])[:3]:
+        print(f"  note: {note}")
+
+
+def _print_summary(ranks: int, rows: list[dict[str, Any]], how: str) -> None:
     lat = [r["diagnosed_s"] for r in rows if "diagnosed_s" in r]
-    print(f"\n{args.ranks} ranks, {len(rows)} runs: hang -> Diagnosed median "
+    trig = [r["created_s"] for r in rows if "created_s" in r]
+    print(f"\n{ranks} ranks, {how}, {len(rows)} runs: fault -> trigger median "
+          f"{statistics.median(trig) if trig else float('nan'):.2f} s; hang -> Diagnosed median "
           f"{statistics.median(lat) if lat else float('nan'):.2f} s, max "
           f"{max(lat) if lat else float('nan'):.2f} s ({len(lat)}/{len(rows)} diagnosed, "
           f"{sum(r.get('culprit') == r['truth'] for r in rows)} with the right rank); operator "
           f"watching CPU median {statistics.median(r['cpu_pct'] for r in rows):.1f} % of one "
           f"core, RSS median {statistics.median(r['rss_mib'] for r in rows):.0f} MiB, peak "
-          f"{max(r.get('hwm_mib', 0) for r in rows):.0f} MiB")  # fmt: skip
-    return 0
+          f"{max(r.get('hwm_mib', 0) for r in rows):.0f} MiB", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
