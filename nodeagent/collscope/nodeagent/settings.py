@@ -44,7 +44,7 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Literal, TypeVar, cast
 
-from collscope.nodeagent import errors, logs
+from collscope.nodeagent import errors, logs, podcontract
 
 DiscoveryMode = Literal["kubelet", "directory"]
 AuthMode = Literal["kubernetes", "none"]
@@ -57,11 +57,12 @@ class DiscoverySettings:
     """Where rings are found."""
 
     # kubelet: <kubelet_pods_dir>/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/*.ring
-    # (DESIGN.md §3.1); directory: any *.ring below trace_root (standalone nodes, tests).
+    # (docs/design.md, "Pod contract"); directory: any *.ring below trace_root (standalone
+    # nodes, tests).
     mode: DiscoveryMode = "kubelet"
     kubelet_pods_dir: str = "/var/lib/kubelet/pods"  # kubelet --root-dir + "pods"
-    ring_volume: str = "collscope-trace"  # the emptyDir the chart injects into training pods
-    trace_root: str = "/run/collscope"
+    ring_volume: str = podcontract.TRACE_VOLUME  # the emptyDir the webhook injects into pods
+    trace_root: str = podcontract.TRACE_DIR
     # New rings must be seen within a second (issue 4): a scan of a few hundred pod dirs
     # costs about a millisecond, twice a second is cheap.
     rescan_interval_s: float = 0.5
@@ -209,7 +210,7 @@ class Settings:
             return default if raw is None or raw == "" else parse(name, raw)
 
         return cls(
-            node_name=env.get("NODE_NAME") or socket.gethostname(),
+            node_name=env.get(podcontract.NODE_NAME_ENV) or socket.gethostname(),
             log_level=get("COLLSCOPE_LOG_LEVEL", _level, "INFO"),
             log_format=get("COLLSCOPE_LOG_FORMAT", _log_format, "text"),
             discovery=DiscoverySettings(

@@ -35,6 +35,7 @@ from typing import Any
 
 import kopf
 
+from collscope.nodeagent import podcontract
 from collscope.operator import errors, ids, injection, jobs, kube, owners
 
 PARALLELISM_ANNOTATION = "collscope.dev/parallelism"
@@ -198,7 +199,7 @@ def _warn_once(body: kopf.Body, warned: set[tuple[str, str]]) -> None:
                 "ProfilerPluginChained",
                 f"containers {', '.join(chained)} named their own "
                 f"NCCL profiler plugin: collscope's loads it and forwards every call "
-                f"({injection.NEXT_PLUGIN_ENV})",
+                f"({podcontract.NEXT_PLUGIN_ENV})",
             )
         )
     for reason, message in notes:

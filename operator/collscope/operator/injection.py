@@ -1,4 +1,5 @@
-"""The mutating webhook's JSON Patch for an opted-in pod (DESIGN.md §1).
+"""The mutating webhook's JSON Patch for an opted-in pod (docs/design.md, "Pod contract"; the
+names come from ``collscope.nodeagent.podcontract``, which the node agent reads too).
 
 A pod whose annotations carry ``collscope.dev/diagnose: "true"`` gets:
 
@@ -56,19 +57,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collscope.nodeagent import podcontract
 from collscope.operator import owners, patches
 
 PLUGIN_VOLUME = "collscope-plugin"
-TRACE_VOLUME = "collscope-trace"
 INIT_CONTAINER = "collscope-plugin"
 PLUGIN_FILE = "libnccl-profiler-collscope.so"
-PLUGIN_ENV = "NCCL_PROFILER_PLUGIN"
-NEXT_PLUGIN_ENV = "COLLSCOPE_NEXT_PROFILER_PLUGIN"  # read by the native plugin (forwarding)
 FR_OPT_OUT_ANNOTATION = "collscope.dev/flight-recorder"  # "false": no Flight Recorder env
 PROBE_ANNOTATION = "collscope.dev/probe"  # "off": no probe; "on": set PYTHONPATH when unset
-PROBE_ENV = "COLLSCOPE_PROBE"
-PROBE_MODE = "dormant"  # collscope_probe: wait for the agent's arm file
-FR_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 # torch reads the buffer size under both names (FlightRecorder.hpp), ProcessGroupNCCL's pipe
 # under the second only: setting the second is right for every torch; either set is the pod's.
 FR_BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -89,7 +85,7 @@ class InjectionSettings:
     image_plugin_path: str = f"/opt/collscope/lib/{PLUGIN_FILE}"  # where the image keeps it
     image_probe_dir: str = "/opt/collscope/probe"  # the dormant probe in the image (Dockerfile)
     plugin_dir: str = "/opt/collscope-plugin"  # mount path of the plugin volume in the pod
-    trace_dir: str = "/run/collscope"  # mount path of the tmpfs ring volume
+    trace_dir: str = podcontract.TRACE_DIR  # mount path of the tmpfs ring volume
     # tmpfs counts against the pod's memory; 8 ranks x 8 MiB rings fit with room to spare.
     trace_size_limit: str = "128Mi"
     ring_bytes: int | None = None  # COLLSCOPE_RING_BYTES when set; the plugin's default else
@@ -111,14 +107,12 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 def env_vars(settings: InjectionSettings) -> list[dict[str, Any]]:
     """Env added to each app container (names the plugin reads: native/src/ring.c)."""
     env: list[dict[str, Any]] = [
-        {"name": PLUGIN_ENV, "value": settings.plugin_path},
-        {"name": "COLLSCOPE_TRACE_DIR", "value": settings.trace_dir},
-        _field_env("POD_NAME", "metadata.name"),
-        _field_env("POD_NAMESPACE", "metadata.namespace"),
-        _field_env("NODE_NAME", "spec.nodeName"),
+        {"name": podcontract.PLUGIN_ENV, "value": settings.plugin_path},
+        {"name": podcontract.TRACE_DIR_ENV, "value": settings.trace_dir},
+        *(_field_env(name, path) for name, path in podcontract.DOWNWARD_API),
     ]
     if settings.ring_bytes is not None:
-        env.append({"name": "COLLSCOPE_RING_BYTES", "value": str(settings.ring_bytes)})
+        env.append({"name": podcontract.RING_BYTES_ENV, "value": str(settings.ring_bytes)})
     return env
 
 
@@ -133,8 +127,9 @@ def flight_recorder_env(
     env: list[dict[str, Any]] = []
     if not have & set(FR_BUFFER_ENVS):
         env.append({"name": FR_BUFFER_ENVS[1], "value": str(FR_BUFFER_ENTRIES)})
-    if FR_PIPE_ENV not in have and has_trace_dir:
-        env.append({"name": FR_PIPE_ENV, "value": f"{settings.trace_dir}/fr_pipe_rank_"})
+    if podcontract.FR_PIPE_ENV not in have and has_trace_dir:
+        stem = f"{settings.trace_dir}/fr_pipe_rank_"  # torch adds <rank>.pipe
+        env.append({"name": podcontract.FR_PIPE_ENV, "value": stem})
     return env
 
 
@@ -162,7 +157,7 @@ def probe_env(
     possible."""
     if wanted == "off":
         return [], []
-    mode = {"name": PROBE_ENV, "value": PROBE_MODE}
+    mode = {"name": podcontract.PROBE_ENV, "value": podcontract.PROBE_DORMANT}
     found = [j for j, e in enumerate(container.get("env") or ()) if e.get("name") == "PYTHONPATH"]
     if not found:
         path = {"name": "PYTHONPATH", "value": settings.probe_dir}
@@ -183,7 +178,7 @@ def volumes(settings: InjectionSettings) -> list[dict[str, Any]]:
     return [
         {"name": PLUGIN_VOLUME, "emptyDir": {}},
         {
-            "name": TRACE_VOLUME,
+            "name": podcontract.TRACE_VOLUME,
             "emptyDir": {"medium": "Memory", "sizeLimit": settings.trace_size_limit},
         },
     ]
@@ -219,7 +214,7 @@ def init_container(settings: InjectionSettings) -> dict[str, Any]:
 def mounts(settings: InjectionSettings) -> list[dict[str, Any]]:
     return [
         {"name": PLUGIN_VOLUME, "mountPath": settings.plugin_dir, "readOnly": True},
-        {"name": TRACE_VOLUME, "mountPath": settings.trace_dir},
+        {"name": podcontract.TRACE_VOLUME, "mountPath": settings.trace_dir},
     ]
 
 
@@ -259,8 +254,9 @@ def patch(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Op]:
         taken = {m.get("name") for m in have}
         wanted = [m for m in mounts(settings) if m["name"] not in taken]
         paths = {m.get("mountPath"): m.get("name") for m in have}
-        ring_dir = paths.get(settings.trace_dir, TRACE_VOLUME) == TRACE_VOLUME and (
-            TRACE_VOLUME not in taken or paths.get(settings.trace_dir) == TRACE_VOLUME
+        trace = podcontract.TRACE_VOLUME
+        ring_dir = paths.get(settings.trace_dir, trace) == trace and (
+            trace not in taken or paths.get(settings.trace_dir) == trace
         )
         env = env_vars(settings)
         if with_fr:
@@ -275,7 +271,7 @@ def patch(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Op]:
 
 @dataclass(frozen=True)
 class Displaced:
-    """A container's own profiler plugin, moved behind ours (``NEXT_PLUGIN_ENV``)."""
+    """A container's own profiler plugin, moved behind ours (``COLLSCOPE_NEXT_PROFILER_PLUGIN``)."""
 
     container: str
     entry: Mapping[str, Any]  # the original env entry: ``value`` or ``valueFrom``
@@ -284,19 +280,23 @@ class Displaced:
         source = self.entry.get("value")
         shown = repr(source) if source is not None else "a valueFrom reference"
         return (
-            f"container {self.container!r} set {PLUGIN_ENV}={shown}: NCCL loads one profiler "
-            f"plugin, so collscope's now loads and forwards every call to it ({NEXT_PLUGIN_ENV})"
+            f"container {self.container!r} set {podcontract.PLUGIN_ENV}={shown}: NCCL loads one "
+            "profiler plugin, so collscope's now loads and forwards every call to it "
+            f"({podcontract.NEXT_PLUGIN_ENV})"
         )
 
 
 def _own_plugin(container: Mapping[str, Any], settings: InjectionSettings) -> list[int]:
     """Indexes of the container's ``NCCL_PROFILER_PLUGIN`` entries that are not ours, when
-    they are to be chained (none when the container arranged ``NEXT_PLUGIN_ENV`` itself)."""
+    they are to be chained (none when the container arranged ``COLLSCOPE_NEXT_PROFILER_PLUGIN``
+    itself)."""
     env = container.get("env") or ()
-    if any(e.get("name") == NEXT_PLUGIN_ENV for e in env):
+    if any(e.get("name") == podcontract.NEXT_PLUGIN_ENV for e in env):
         return []
-    ours = {"name": PLUGIN_ENV, "value": settings.plugin_path}
-    return [j for j, e in enumerate(env) if e.get("name") == PLUGIN_ENV and dict(e) != ours]
+    ours = {"name": podcontract.PLUGIN_ENV, "value": settings.plugin_path}
+    return [
+        j for j, e in enumerate(env) if e.get("name") == podcontract.PLUGIN_ENV and dict(e) != ours
+    ]
 
 
 def displaced(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Displaced]:
@@ -315,18 +315,19 @@ def displaced(pod: Mapping[str, Any], settings: InjectionSettings) -> list[Displ
 
 def _chain_plugin(container: Mapping[str, Any], base: str, settings: InjectionSettings) -> list[Op]:
     """Ops putting our plugin in front of the container's own: its entries replaced by ours,
-    the effective one copied to ``NEXT_PLUGIN_ENV``; [] when there is none."""
+    the effective one copied to ``COLLSCOPE_NEXT_PROFILER_PLUGIN``; [] when there is none."""
     found = _own_plugin(container, settings)
     if not found:
         return []
     env = container["env"]
     ops: list[Op] = [
         {"op": "replace", "path": f"{base}/env/{j}",
-         "value": {"name": PLUGIN_ENV, "value": settings.plugin_path}}
+         "value": {"name": podcontract.PLUGIN_ENV, "value": settings.plugin_path}}
         for j in found
     ]  # fmt: skip
     nxt = {k: v for k, v in env[found[-1]].items() if k != "name"}
-    ops.append({"op": "add", "path": f"{base}/env/-", "value": {"name": NEXT_PLUGIN_ENV, **nxt}})
+    chained = {"name": podcontract.NEXT_PLUGIN_ENV, **nxt}
+    ops.append({"op": "add", "path": f"{base}/env/-", "value": chained})
     return ops
 
 
@@ -336,7 +337,7 @@ def forwarded(pod: Mapping[str, Any]) -> list[str]:
     return [
         str(c.get("name", ""))
         for c in (pod.get("spec") or {}).get("containers") or ()
-        if any(e.get("name") == NEXT_PLUGIN_ENV for e in c.get("env") or ())
+        if any(e.get("name") == podcontract.NEXT_PLUGIN_ENV for e in c.get("env") or ())
     ]
 
 

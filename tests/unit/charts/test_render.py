@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from collscope.nodeagent import podcontract
 from collscope.nodeagent import settings as agent_settings
 from collscope.operator import injection, owners, policy, remediation, settings, webhook
 
@@ -176,7 +177,7 @@ def test_agent_env_is_read_by_the_agent(chart: Any) -> None:
     container = pod["containers"][0]
     config = agent_settings.Settings.from_env(chart.env(container))
     # The agent finds the rings in the volume the webhook injects, under the mounted kubelet dir.
-    assert config.discovery.ring_volume == injection.TRACE_VOLUME
+    assert config.discovery.ring_volume == podcontract.TRACE_VOLUME
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     kubelet = mounts["kubelet-pods"]
     assert kubelet["mountPath"] == config.discovery.kubelet_pods_dir

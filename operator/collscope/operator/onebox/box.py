@@ -40,11 +40,11 @@ from typing import Final, Literal
 
 import httpx
 
+from collscope.nodeagent import podcontract
 from collscope.operator import errors
 from collscope.operator.onebox import fabric, faults, nccl, rank
 from collscope.operator.onebox import hardware as hardware_
 
-RING_VOLUME: Final = "collscope-trace"
 NAMESPACE: Final = "ml"
 # A rank's ring appears at its first ncclCommInitRank; spawned processes import numpy-free
 # modules only, so 8 of them are up within a few seconds even on 2 busy cores.
@@ -181,7 +181,7 @@ class OneBox:
             / self.uids[r]
             / "volumes"
             / "kubernetes.io~empty-dir"
-            / RING_VOLUME
+            / podcontract.TRACE_VOLUME
         )
 
     def agent_url(self, node: str) -> str:
@@ -245,7 +245,7 @@ class OneBox:
         cmd = [
             sys.executable, "-m", *entry,
             "--discovery", "kubelet", "--kubelet-pods-dir", str(self.pods_dir(node)),
-            "--ring-volume", RING_VOLUME, "--host", self.layout.address_of(node),
+            "--ring-volume", podcontract.TRACE_VOLUME, "--host", self.layout.address_of(node),
             "--port", str(self.port), "--node-name", node, "--auth", "none",
             *(["--no-hardware"] if hw is None else []),
             "--sample-interval-s", f"{self.sample_interval_s:g}", "run",
