@@ -7,6 +7,7 @@
     collscope demo [--fault nic-down] [--seed 7] [--simulated]
     collscope ring dump /run/collscope/collscope-node7-pid4242-0.ring [MORE.ring ...]
     collscope uncordon NODE | collscope breaker show|reset --by NAME   (node_commands.py)
+    collscope flightrecorder --agent URL --out DIR      (flightrecorder_commands.py)
 
 Exit codes: 0 analysed (anomaly or not) / simulated / demo diagnosed correctly; 1 the demo's
 diagnosis disagreed with the injected truth; 2 bad input or bad arguments, with one line on
@@ -27,6 +28,7 @@ from collscope.nodeagent import ring, ringrecords, ringstate, version
 from collscope.nodeagent.bundle import reader, writer
 from collscope.operator import (
     errors,
+    flightrecorder_commands,
     flow_commands,
     node_commands,
     pattern_commands,
@@ -219,6 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     dump.set_defaults(func=_cmd_ring_dump)
     node_commands.add_parsers(sub)
+    flightrecorder_commands.add_parsers(sub)
     return p
 
 
