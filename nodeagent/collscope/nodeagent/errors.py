@@ -19,12 +19,16 @@ Hierarchy::
     │   ├── FlightRecorderUnavailable   the rank has no debug pipe, or nobody reads it
     │   └── FlightRecorderDumpInvalid(ValueError)  a dump that is not a pickled dict of plain
     │                                   containers in the documented shape
-    └── AgentError                      the node agent process
-        ├── SettingsError(ValueError)   a bad environment variable or flag, named
+    ├── SettingsError(ValueError)       a bad environment variable or flag of either binary
+    │                                   (the agent's or the operator's), named
+    └── ApiError                        a request the agent's HTTP API refuses or cannot serve
         ├── QueryError(ValueError)      a bad HTTP query parameter, named (HTTP 400)
         ├── UnavailableError            a capability the agent runs without (HTTP 503)
         └── ReviewUnavailable           the API server did not review a caller's token
                                         (auth.py; HTTP 503, not a refusal)
+
+The operator's ``AgentError`` (``collscope.operator.errors``) is the other side of the wire:
+an agent that answered badly or not at all, as its client sees it.
 
 Foreign exceptions (``OSError``, ``json.JSONDecodeError``, pydantic's ``ValidationError``,
 ``tarfile`` and ``gzip`` errors) are translated where they are caught, always ``from`` the
@@ -107,21 +111,22 @@ class RingVersionMismatch(RingError):  # noqa: N818 - the name issue 3 uses
         )
 
 
-class AgentError(CollscopeError):
-    """Raised by the node agent process (settings, HTTP API, sampling)."""
-
-
-class SettingsError(AgentError, ValueError):
-    """A setting that cannot be used; ``name`` is the environment variable or flag."""
+class SettingsError(CollscopeError, ValueError):
+    """A setting of the agent or the operator that cannot be used; ``name`` is the environment
+    variable or flag, ``str()`` is ``NAME='value': reason`` (``NAME: reason`` when empty)."""
 
     def __init__(self, name: str, value: str, reason: str) -> None:
         self.name = name
         self.value = value
         self.reason = reason
-        super().__init__(f"{name}={value!r}: {reason}")
+        super().__init__(f"{name}={value!r}: {reason}" if value else f"{name}: {reason}")
 
 
-class QueryError(AgentError, ValueError):
+class ApiError(CollscopeError):
+    """A request the agent's HTTP API refuses (a bad parameter) or cannot serve now."""
+
+
+class QueryError(ApiError, ValueError):
     """A bad request to the agent's HTTP API; ``parameter`` names what to fix."""
 
     def __init__(self, parameter: str, reason: str) -> None:
@@ -130,11 +135,11 @@ class QueryError(AgentError, ValueError):
         super().__init__(f"parameter '{parameter}': {reason}")
 
 
-class UnavailableError(AgentError):
+class UnavailableError(ApiError):
     """A capability (hardware counters, stacks, Flight Recorder) this agent does not have."""
 
 
-class ReviewUnavailable(AgentError):  # noqa: N818 - a state, like UnavailableError
+class ReviewUnavailable(ApiError):  # noqa: N818 - a state, like UnavailableError
     """No TokenReview or SubjectAccessReview answer (API server down, our own token missing):
     the request is answered 503, never allowed."""
 

@@ -277,7 +277,7 @@ def _trust(path: str) -> _Trust:
     try:
         return _Trust(path)
     except (OSError, ssl.SSLError) as e:
-        raise errors.SettingsError(f"COLLSCOPE_AGENT_CA_FILE={path!r}: {e}") from e
+        raise errors.SettingsError("COLLSCOPE_AGENT_CA_FILE", path, str(e)) from e
 
 
 class _TokenFile:

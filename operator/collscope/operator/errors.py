@@ -10,14 +10,18 @@ Hierarchy::
     ├── InvalidTransition(ValueError)             a Diagnosis phase change that is not allowed
     ├── RemediationError(ValueError)              node marks that cannot be planned or undone
     ├── PolicyError(ValueError)                   a policy or breaker setting out of range
-    ├── SettingsError(ValueError)                 an operator environment variable unusable
+    ├── SettingsError(ValueError)                 an environment variable or flag unusable, named
+    │                                             (the agent's class: one for both binaries)
     ├── KubeError                                 the Kubernetes API failed (kube.py maps it)
     ├── PluginError(RuntimeError)                 the plugin .so missing or refusing a call (onebox)
     └── AgentError                                a node agent answered badly (agents.py maps it)
         └── AgentUnreachable                      ... or could not be reached at all
 
 The root lives in the node agent because the operator may import the agent's public modules,
-never the reverse; both packages then share one family.
+never the reverse; both packages then share one family, and the names that mean the same thing
+on both sides are one class (``CollscopeError``, ``SettingsError``). The
+agent's own refusals of a request are its ``ApiError``; ``AgentError`` here is the client's
+view of them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from collscope.nodeagent import errors as agent_errors
 
 CollscopeError = agent_errors.CollscopeError
+SettingsError = agent_errors.SettingsError
 
 
 class SimulationError(CollscopeError, ValueError):
@@ -73,10 +78,6 @@ class AgentError(CollscopeError):
 
 class AgentUnreachable(AgentError):  # noqa: N818 - reads as the fact it reports
     """A node agent could not be reached (connection refused, timeout) after every retry."""
-
-
-class SettingsError(CollscopeError, ValueError):
-    """An environment variable of the operator that cannot be used; ``str()`` names it."""
 
 
 class PluginError(CollscopeError, RuntimeError):

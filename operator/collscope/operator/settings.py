@@ -124,7 +124,7 @@ class Settings:
             try:
                 return parse(raw)
             except (ValueError, errors.PolicyError) as e:
-                raise errors.SettingsError(f"{name}={raw!r}: {e}") from e
+                raise errors.SettingsError(name, raw, str(e)) from e
 
         d = cls()
         b = d.breaker
@@ -173,7 +173,8 @@ def _breaker(*, max_cordons: int, window_s: float, max_fraction: float) -> break
         )
     except errors.PolicyError as e:
         names = "COLLSCOPE_BREAKER_MAX_CORDONS, _WINDOW_S or COLLSCOPE_BREAKER_MAX_FRACTION"
-        raise errors.SettingsError(f"{names}: {e}") from e
+        values = f"{max_cordons}, {window_s:g}, {max_fraction:g}"
+        raise errors.SettingsError(names, values, str(e)) from e
 
 
 def _at_least_one(raw: str) -> int:

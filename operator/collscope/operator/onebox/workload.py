@@ -80,7 +80,7 @@ class Settings:
         def need(name: str, hint: str = "") -> str:
             value = env.get(name, "").strip()
             if not value:
-                raise errors.SettingsError(f"{name} is not set{hint}")
+                raise errors.SettingsError(name, "", f"not set{hint}")
             return value
 
         def integer(name: str, default: int | None = None, minimum: int = 0) -> int:
@@ -91,9 +91,9 @@ class Settings:
             try:
                 value = int(text)
             except ValueError as e:
-                raise errors.SettingsError(f"{name}={text!r}: not an integer") from e
+                raise errors.SettingsError(name, text, "not an integer") from e
             if value < minimum:
-                raise errors.SettingsError(f"{name}={value}: must be >= {minimum}")
+                raise errors.SettingsError(name, text, f"must be >= {minimum}")
             return value
 
         def seconds(name: str, default: float) -> float:
@@ -101,9 +101,9 @@ class Settings:
             try:
                 value = float(text) if text else default
             except ValueError as e:
-                raise errors.SettingsError(f"{name}={text!r}: not a number of seconds") from e
+                raise errors.SettingsError(name, text, "not a number of seconds") from e
             if value < 0:
-                raise errors.SettingsError(f"{name}={text!r}: must be >= 0")
+                raise errors.SettingsError(name, text, "must be >= 0")
             return value
 
         injected = " (is the pod annotated collscope.dev/diagnose and the webhook running?)"
@@ -111,25 +111,27 @@ class Settings:
         per_pod = integer("COLLSCOPE_WORKLOAD_RANKS_PER_POD", 4, minimum=1)
         if world % per_pod:
             raise errors.SettingsError(
-                f"WORLD_SIZE={world} is not a multiple of "
-                f"COLLSCOPE_WORKLOAD_RANKS_PER_POD={per_pod}"
+                "WORLD_SIZE",
+                str(world),
+                f"not a multiple of COLLSCOPE_WORKLOAD_RANKS_PER_POD={per_pod}",
             )
         index = integer("JOB_COMPLETION_INDEX", minimum=0)
         if index >= world // per_pod:
             raise errors.SettingsError(
-                f"JOB_COMPLETION_INDEX={index}: the job has {world // per_pod} pods"
+                "JOB_COMPLETION_INDEX", str(index), f"the job has {world // per_pod} pods"
             )
         coordinator_text = need("COLLSCOPE_WORKLOAD_COORDINATOR")
         try:
             coordinator = fabric.parse_address(coordinator_text)
         except ValueError as e:
-            raise errors.SettingsError(f"COLLSCOPE_WORKLOAD_COORDINATOR: {e}") from e
+            name = "COLLSCOPE_WORKLOAD_COORDINATOR"
+            raise errors.SettingsError(name, coordinator_text, str(e)) from e
         fault = env.get("COLLSCOPE_WORKLOAD_FAULT", "").strip() or None
         if fault == "none":
             fault = None
         if fault is not None and fault not in faults.NAMES:
             raise errors.SettingsError(
-                f"COLLSCOPE_WORKLOAD_FAULT={fault!r}: not one of {', '.join(faults.NAMES)}"
+                "COLLSCOPE_WORKLOAD_FAULT", fault, f"not one of {', '.join(faults.NAMES)}"
             )
         fault_ranks: tuple[int, ...] = ()
         if fault is not None:
@@ -138,11 +140,11 @@ class Settings:
                 fault_ranks = tuple(int(x) for x in text.split(","))
             except ValueError as e:
                 raise errors.SettingsError(
-                    f"COLLSCOPE_WORKLOAD_FAULT_RANKS={text!r}: not comma-separated ranks"
+                    "COLLSCOPE_WORKLOAD_FAULT_RANKS", text, "not comma-separated ranks"
                 ) from e
             if not all(0 <= r < world for r in fault_ranks):
                 raise errors.SettingsError(
-                    f"COLLSCOPE_WORKLOAD_FAULT_RANKS={text!r}: ranks are 0..{world - 1}"
+                    "COLLSCOPE_WORKLOAD_FAULT_RANKS", text, f"ranks are 0..{world - 1}"
                 )
         return cls(
             index=index,

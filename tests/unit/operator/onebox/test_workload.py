@@ -45,17 +45,17 @@ def test_settings_from_the_pods_environment() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"WORLD_SIZE": ""}, "WORLD_SIZE is not set"),
+        ({"WORLD_SIZE": ""}, "WORLD_SIZE: not set"),
         ({"WORLD_SIZE": "eight"}, "WORLD_SIZE='eight': not an integer"),
-        ({"WORLD_SIZE": "6"}, "WORLD_SIZE=6 is not a multiple of"),
-        ({"JOB_COMPLETION_INDEX": "2"}, "JOB_COMPLETION_INDEX=2: the job has 2 pods"),
-        ({"COLLSCOPE_WORKLOAD_COORDINATOR": "cswl-0:x"}, "COLLSCOPE_WORKLOAD_COORDINATOR: "),
+        ({"WORLD_SIZE": "6"}, "WORLD_SIZE='6': not a multiple of"),
+        ({"JOB_COMPLETION_INDEX": "2"}, "JOB_COMPLETION_INDEX='2': the job has 2 pods"),
+        ({"COLLSCOPE_WORKLOAD_COORDINATOR": "cswl-0:x"}, "COORDINATOR='cswl-0:x': "),
         ({"COLLSCOPE_WORKLOAD_FAULT": "nic-dwon"}, "COLLSCOPE_WORKLOAD_FAULT='nic-dwon': not"),
-        ({"COLLSCOPE_WORKLOAD_FAULT_RANKS": ""}, "COLLSCOPE_WORKLOAD_FAULT_RANKS is not set"),
+        ({"COLLSCOPE_WORKLOAD_FAULT_RANKS": ""}, "COLLSCOPE_WORKLOAD_FAULT_RANKS: not set"),
         ({"COLLSCOPE_WORKLOAD_FAULT_RANKS": "8"}, "ranks are 0..7"),
         ({"COLLSCOPE_WORKLOAD_ONSET_S": "-1"}, "COLLSCOPE_WORKLOAD_ONSET_S='-1': must be"),
-        ({"NCCL_PROFILER_PLUGIN": ""}, "NCCL_PROFILER_PLUGIN is not set .*webhook running"),
-        ({"COLLSCOPE_TRACE_DIR": ""}, "COLLSCOPE_TRACE_DIR is not set"),
+        ({"NCCL_PROFILER_PLUGIN": ""}, "NCCL_PROFILER_PLUGIN: not set .*webhook running"),
+        ({"COLLSCOPE_TRACE_DIR": ""}, "COLLSCOPE_TRACE_DIR: not set"),
     ],
 )
 def test_a_bad_variable_is_named(change: dict[str, str], message: str) -> None:
@@ -89,7 +89,7 @@ def test_missing_environment_exits_2_naming_it() -> None:
         env={k: v for k, v in os.environ.items() if k != "WORLD_SIZE"},
     )  # fmt: skip
     assert res.returncode == 2
-    assert res.stderr.strip() == "collscope workload: error: WORLD_SIZE is not set"
+    assert res.stderr.strip() == "collscope workload: error: WORLD_SIZE: not set"
 
 
 @pytest.mark.slow
