@@ -96,6 +96,7 @@ class RankPlace:
     gpu: int | None = None  # NVML index on the node
     gpu_uuid: str | None = None
     nic: str | None = None  # as NCCL names it: mlx5_0, mlx5_0:1, eth2
+    unresolved: str | None = None  # the agent's reason when gpu or nic is None
     # The agent's key for the rank's data besides the rank (``api.RankInfo.workload``: the pod
     # uid); None from an agent that does not key by workload.
     workload: str | None = None
@@ -129,6 +130,7 @@ def rank_placement(
                 gpu=info.gpu_index,
                 gpu_uuid=info.gpu_uuid,
                 nic=info.nic,
+                unresolved=info.unresolved or None,
                 workload=info.workload,
             )
     return out
@@ -151,14 +153,20 @@ def workloads_by_node(placement: Mapping[ids.Rank, RankPlace]) -> dict[str, list
 
 def bundle_job(name: str, ranks: Mapping[ids.Rank, RankPlace]) -> models.Job:
     """The ``job.json`` of a pulled window: world size and where each rank runs (node, pod,
-    and the GPU and NIC its agent resolved, None where it could not)."""
+    and the GPU and NIC its agent resolved, None where it could not, with the agent's reason)."""
     world = max(ranks, default=0) + 1
     return models.Job(
         job=name,
         world_size=world,
         ranks=[
             models.RankInfo(
-                rank=r, node=p.node, pod=p.pod, gpu=p.gpu, gpu_uuid=p.gpu_uuid, nic=p.nic
+                rank=r,
+                node=p.node,
+                pod=p.pod,
+                gpu=p.gpu,
+                gpu_uuid=p.gpu_uuid,
+                nic=p.nic,
+                unresolved=p.unresolved,
             )
             for r, p in sorted(ranks.items())
         ],

@@ -77,10 +77,10 @@ def test_rank_placement_carries_the_agents_device_map_into_job_json() -> None:
     )  # fmt: skip
     got = jobs.rank_placement("ml", pods, {"n1": answer})
     job = jobs.bundle_job("tj", got)
-    assert [(r.rank, r.node, r.pod, r.gpu, r.gpu_uuid, r.nic) for r in job.ranks] == [
-        (0, "n1", "p0", 4, "GPU-4", "mlx5_2"),
-        (1, "n1", "p1", None, None, None),
-    ]
+    assert [(r.rank, r.node, r.pod, r.gpu, r.gpu_uuid, r.nic, r.unresolved) for r in job.ranks] == [
+        (0, "n1", "p0", 4, "GPU-4", "mlx5_2", None),
+        (1, "n1", "p1", None, None, None, "gpu: no NVML; nic: GPU unknown, 4 NICs to choose from"),
+    ]  # fmt: skip
     # Rank 1's devices are unknown: asked again every 5 s, DEVICE_RETRIES times at most.
     rt = jobs.JobRuntime(ranks=got, pods_seen=frozenset(pods.values()), discovered_at_s=0.0)
     assert not rt.needs_discovery(pods, 1.0, every_s=5)

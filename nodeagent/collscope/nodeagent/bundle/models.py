@@ -64,6 +64,9 @@ class RankInfo(_Model):
     gpu: NonNeg | None = None
     nic: str | None = None
     gpu_uuid: str | None = None  # added within v1: NVML's ``GPU-...`` of ``gpu``
+    # Added within v1: why the node agent's device map left ``gpu`` or ``nic`` None
+    # ("gpu: no NVML; nic: ..."); None when both resolved or nothing was asked.
+    unresolved: str | None = None
 
 
 class Job(_Model):

@@ -152,7 +152,8 @@ class Culprit(_Model):
     when no GPU is meant (a job or a switch). The four are left out of the JSON when None, so
     collective diagnoses print exactly as before. Profiling analysis (``functions.jsonl``) adds
     ``function``: the abnormal function on that rank, likewise left out when None; so is
-    ``gpu_uuid``, the GPU's NVML UUID when job.json gives it (the node agent's device map).
+    ``gpu_uuid``, the GPU's NVML UUID when job.json gives it (the node agent's device map), and
+    ``unresolved``, the device map's reason when ``gpu`` or ``nic`` stayed None.
     """
 
     rank: Annotated[int, Field(ge=0)] | None = None
@@ -171,6 +172,7 @@ class Culprit(_Model):
     endpoint: str | None = None
     function: str | None = None  # profiling analysis: the abnormal function (fn of functions.jsonl)
     gpu_uuid: str | None = None  # job.json ranks[].gpu_uuid: the GPU by NVML's UUID
+    unresolved: str | None = None  # job.json ranks[].unresolved: why gpu or nic is None
 
     @model_serializer(mode="wrap")
     def _omit_unset_extensions(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -181,7 +183,7 @@ class Culprit(_Model):
         return data
 
 
-_CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint", "function", "gpu_uuid")
+_CULPRIT_EXTENSIONS = ("job", "group", "switch", "endpoint", "function", "gpu_uuid", "unresolved")
 
 
 class Alternative(_Model):

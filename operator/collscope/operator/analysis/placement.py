@@ -88,12 +88,20 @@ class Placement:
             gpu=None if info is None else info.gpu,
             gpu_uuid=None if info is None else info.gpu_uuid,
             nic=None if info is None else info.nic,
+            unresolved=None if info is None else _unresolved(info),
             component=component,
             comm=comm,
             channel=channel,
             peer=peer,
             score=round(min(max(score, 0.0), 1.0), 3),
         )
+
+
+def _unresolved(info: models.RankInfo) -> str | None:
+    """The device map's reason, kept only while a device it explains is still unknown."""
+    if info.unresolved and (info.gpu is None or info.nic is None):
+        return info.unresolved
+    return None
 
 
 def seconds(ns: int | float) -> str:

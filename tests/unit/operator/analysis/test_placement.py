@@ -104,3 +104,21 @@ def test_culprit_carries_the_gpu_uuid_only_when_known() -> None:
     )  # fmt: skip
     assert named.model_dump()["gpu_uuid"] == "GPU-8c1f"
     assert "gpu_uuid" not in where.culprit(1, component="gpu", score=1.0).model_dump()
+
+
+def test_culprit_says_why_its_gpu_or_nic_is_unknown() -> None:
+    """job.json's ``unresolved`` (the device map's reason) rides on the culprit while a device
+    it explains is still unknown, and is left out once both are known."""
+    why = "gpu: no NVML; nic: GPU unknown, 4 NICs to choose from"
+    where = placement.Placement.of(
+        models.Job(
+            world_size=2,
+            ranks=[
+                models.RankInfo(rank=0, node="n", pod="p0", unresolved=why),
+                models.RankInfo(rank=1, node="n", pod="p1", gpu=1, nic="mlx5_1", unresolved=why),
+            ],
+        )
+    )
+    unknown = where.culprit(0, component="nic", score=1.0).model_dump()
+    assert (unknown["gpu"], unknown["nic"], unknown["unresolved"]) == (None, None, why)
+    assert "unresolved" not in where.culprit(1, component="nic", score=1.0).model_dump()
