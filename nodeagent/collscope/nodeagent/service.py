@@ -327,6 +327,7 @@ class Service:
                 gpu=place.gpu.index if place.gpu else gpus.get(self.host_pid(t) or -1),
                 gpu_uuid=place.gpu.uuid if place.gpu else None,
                 nic=place.nic,
+                unresolved=place.unresolved or None,
             )
         for _, r in self.window.held() if keys is None else keys:
             world = max(world, r + 1)
