@@ -203,7 +203,7 @@ class DeviceMap:
         where = pci.device_path(gpu.pci_bus_id, self._sys)
         if where is None:
             return None, every_name, how, f"GPU {gpu.pci_bus_id} not in {self._sys}/bus/pci"
-        near = {n.name for n in pci.nearest(where, [n for n, _ in named])}
+        near = {n.name for n in pci.nearest(where, [n for n, _ in named], self._sys)}
         best = tuple(name for n, name in named if n.name in near)
         if len(best) == 1:
             return best[0], best, how, ""

@@ -11,7 +11,11 @@ so the resolved path of a device, from its root complex (``pci0000:16``) down, i
 bridges above it. Two devices' nearness is the length of their paths' common prefix: the
 deepest bridge they share (0: different root complexes, NCCL's SYS; 1: the same root complex,
 PHB; more: a PCIe switch, PXB/PIX). NCCL gives a GPU the NIC nearest to it in that sense
-(``ncclTopoGetLocalNet``); when several are equally near we do not guess which.
+(``ncclTopoGetLocalNet``). Between NICs under other root complexes than the GPU's, NCCL's path
+types still differ: one on the GPU's NUMA node (NODE: across the socket's own interconnect) is
+nearer than one on another socket (SYS: across the inter-socket link), so ``nearest`` prefers
+the NICs whose ``numa_node`` (sysfs, on the PCI function) is the GPU's, when both are known.
+When several are still equally near we do not guess which.
 
 Bus ids are spelled as sysfs spells them, ``0000:18:00.0`` (``normalise`` turns NVML's
 ``00000000:18:00.0`` into that). ``sys_root`` is injected: tests and the one-box build trees.
@@ -100,10 +104,35 @@ def shared_depth(a: tuple[str, ...], b: tuple[str, ...]) -> int:
     return n
 
 
-def nearest(gpu: tuple[str, ...], candidates: list[Nic]) -> list[Nic]:
-    """The candidates sharing the deepest bridge with ``gpu`` (several when tied)."""
+def numa_node(path: tuple[str, ...], sys_root: pathlib.Path) -> int | None:
+    """The NUMA node of the PCI function at the end of ``path`` (sysfs ``numa_node``); None
+    when unknown (absent, unreadable, or -1: a machine without NUMA information)."""
+    bdf = path[-1] if path else ""
+    if normalise(bdf) is None:
+        return None
+    try:
+        text = (sys_root / "bus" / "pci" / "devices" / bdf / "numa_node").read_text()
+        node = int(text.strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def nearest(
+    gpu: tuple[str, ...], candidates: list[Nic], sys_root: pathlib.Path | None = None
+) -> list[Nic]:
+    """The candidates sharing the deepest bridge with ``gpu`` (several when tied); among
+    candidates that share no root complex with it, those on its NUMA node when ``sys_root``
+    says where each sits (NCCL's NODE before SYS)."""
     if not candidates:
         return []
     depth = {c.name: shared_depth(gpu, c.path) for c in candidates}
     best = max(depth.values())
-    return [c for c in candidates if depth[c.name] == best]
+    near = [c for c in candidates if depth[c.name] == best]
+    if best > 0 or len(near) < 2 or sys_root is None:
+        return near
+    home = numa_node(gpu, sys_root)
+    if home is None:
+        return near
+    local = [c for c in near if numa_node(c.path, sys_root) == home]
+    return local or near

@@ -219,3 +219,39 @@ def test_provisional_answers_are_asked_again(tmp_path: pathlib.Path) -> None:
     gpus.processes = {}
     now[0] = 1e9
     assert m.resolve(PID, local_rank=None, key="r").gpu_source == "nvml"  # final: kept
+
+
+@pytest.mark.parametrize(
+    ("numa", "expected"),
+    [
+        ({GPU0: 0, "0000:81:00.0": 0, "0000:c1:00.0": 1}, ["mlx5_2"]),  # NODE before SYS
+        ({GPU0: 1, "0000:81:00.0": 0, "0000:c1:00.0": 1}, ["mlx5_3"]),
+        ({GPU0: -1, "0000:81:00.0": 0, "0000:c1:00.0": 1}, ["mlx5_2", "mlx5_3"]),  # unknown
+        ({GPU0: 0, "0000:81:00.0": 1, "0000:c1:00.0": 1}, ["mlx5_2", "mlx5_3"]),  # none local
+    ],
+)
+def test_nics_under_other_root_complexes_prefer_the_gpus_numa_node(
+    tmp_path: pathlib.Path, numa: dict[str, int], expected: list[str]
+) -> None:
+    """Two NICs, neither under GPU0's root complex: the one on GPU0's NUMA node is NCCL's NODE
+    path, the other SYS; without NUMA information they stay tied."""
+    chains = {
+        GPU0: CHAINS[GPU0],
+        "0000:81:00.0": ("pci0000:80", "0000:80:01.0", "0000:81:00.0"),
+        "0000:c1:00.0": ("pci0000:c0", "0000:c0:01.0", "0000:c1:00.0"),
+    }
+    for bdf, chain in chains.items():
+        where = tmp_path.joinpath("devices", *chain)
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "numa_node").write_text(f"{numa[bdf]}\n")
+        link = tmp_path / "bus" / "pci" / "devices" / bdf
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(where, link.parent))
+    for name, bdf in (("mlx5_2", "0000:81:00.0"), ("mlx5_3", "0000:c1:00.0")):
+        d = tmp_path / "class" / "infiniband" / name
+        d.mkdir(parents=True)
+        (d / "device").symlink_to(os.path.relpath(tmp_path / "bus" / "pci" / "devices" / bdf, d))
+    gpu = pci.device_path(GPU0, tmp_path)
+    assert gpu is not None
+    got = pci.nearest(gpu, pci.nics(tmp_path), tmp_path)
+    assert [n.name for n in got] == expected
