@@ -1,6 +1,6 @@
 """Finds the ring files on this node: in kubelet emptyDirs, or in any directory tree.
 
-Kubelet mode (DESIGN.md §3.1): a training pod's emptyDir lives on the host at::
+Kubelet mode (docs/design.md, "Pod contract"): a training pod's emptyDir lives on the host at::
 
     <kubelet_pods_dir>/<pod uid>/volumes/kubernetes.io~empty-dir/<volume>/<name>.ring
 
@@ -29,7 +29,7 @@ from typing import Final
 
 from collscope.nodeagent import ids, settings
 
-EMPTY_DIR: Final = "kubernetes.io~empty-dir"  # plugin name with '/' escaped (DESIGN.md §3.1)
+EMPTY_DIR: Final = "kubernetes.io~empty-dir"  # plugin name with '/' escaped
 SUFFIX: Final = ".ring"
 _POD_PATH = re.compile(r"(?:^|/)pods/([0-9a-fA-F-]{8,64})/volumes/")
 DIR_PREFIX: Final = "dir-"

@@ -11,7 +11,8 @@ nested namespace, outermost first::
 so host pid 48213 is pid 37 in its container. Several containers have a pid 37, and the pid in
 a ring header is written by the tenant: with a pod uid (the pod whose volume holds the ring)
 only a process whose ``/proc/<pid>/cgroup`` places it in that pod counts, and nothing outside
-the pod is ever returned. The cgroup path names the pod in one of two forms (DESIGN.md §3.1)::
+the pod is ever returned. The cgroup path names the pod in one of two forms (docs/design.md,
+"Data path" 3)::
 
     0::/kubepods/burstable/pod1a2b3c4d-0000-1111-2222-333344445555/cri-containerd-ab12...
     0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1a2b3c4d_0000_1111_2222\

@@ -1,4 +1,5 @@
-"""kopf handlers of Diagnosis objects: analyse, then confirm and remediate (DESIGN.md §6-7).
+"""kopf handlers of Diagnosis objects: analyse, then confirm and remediate (docs/design.md,
+"Data path" 6-7).
 
 ``on.create`` + ``on.resume`` (``process``), by phase:
 

@@ -1,6 +1,6 @@
 """Evidence collected for a Diagnosis once it is Diagnosed: py-spy stacks and PyTorch Flight
-Recorder dumps from the agents of the involved ranks (DESIGN.md §7; Mycroft §5 collects both on
-a trigger), each summarised for the status by its pure module (``stackgrid`` +
+Recorder dumps from the agents of the involved ranks (docs/design.md, "Data path" 6; Mycroft §5
+collects both on a trigger), each summarised for the status by its pure module (``stackgrid`` +
 ``status.stack_groups``, ``flightrecorder``). Called by ``diagnosis_handlers``; the two
 collections run concurrently and each costs at most its agents' timeout.
 """

@@ -1,9 +1,9 @@
 """Remediation policy: whether a Diagnosis may mark its culprit node, and how.
 
 Only hardware faults justify taking a node out of scheduling, and only when analysis is sure
-enough (DESIGN.md §7; NVSentinel's lesson that safe defaults and dry run matter to users): the
-category must be one of ``categories`` (default: ``hang.gpu``, ``hang.network``,
-``slow.network``, ``slow.compute``), flagged as hardware in the category table
+enough (docs/design.md, "Data path" 7; NVSentinel's lesson that safe defaults and dry run
+matter to users): the category must be one of ``categories`` (default: ``hang.gpu``,
+``hang.network``, ``slow.network``, ``slow.compute``), flagged as hardware in the category table
 (``analysis.diagnosis.Category``), the top culprit's component a GPU, NIC or link, its node
 known, and the confidence at least ``confidence_threshold``. ``dry_run`` records what would be
 done and changes nothing. ``decide`` is only the first of three gates: the verdict must then be

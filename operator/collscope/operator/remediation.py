@@ -1,6 +1,6 @@
 """Node marks for a hardware Diagnosis, and their undo, as JSON Patches (RFC 6902).
 
-Marking a culprit node (DESIGN.md §7) means, in one patch:
+Marking a culprit node (docs/design.md, "Data path" 7) means, in one patch:
 
 - cordon: ``spec.unschedulable: true`` (what ``kubectl cordon`` sets);
 - taint ``collscope.dev/faulty=<category>:NoSchedule`` (the value says why, e.g. ``hang.gpu``);

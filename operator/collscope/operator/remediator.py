@@ -1,4 +1,5 @@
-"""Carries out remediation decisions against the cluster (DESIGN.md §7; issue 14).
+"""Carries out remediation decisions against the cluster (docs/design.md, "Data path" 7;
+issue 14).
 
 Four gates, in order, and the node is touched only past all of them:
 

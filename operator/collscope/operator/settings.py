@@ -49,8 +49,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class TriggerLoopSettings:
-    # Mycroft polls the sampled ranks every second (DESIGN.md §5); a TrainingJob may ask for
-    # a longer interval (spec.diagnosis.trigger.intervalSeconds), never a shorter one.
+    # Mycroft polls the sampled ranks every second (docs/design.md, "Data path" 5); a
+    # TrainingJob may ask for a longer interval (spec.diagnosis.trigger.intervalSeconds), never
+    # a shorter one.
     interval_s: float = 1.0
     # Records per tick: the trigger window Δ (2 s) plus margin for a late agent sample.
     window_s: float = 5.0

@@ -1,5 +1,5 @@
 """Python stacks of a Diagnosis's ranks, as the rank grid its status shows (Mycroft §5: stacks
-are collected on trigger and read grouped; DESIGN.md §7).
+are collected on trigger and read grouped; docs/design.md, "Data path" 6).
 
 Stacks are asked per rank (``POST /v1/stacks {"ranks": [r]}`` to the rank's agent), so each
 answer belongs to one rank whatever pid namespace the agent resolved it in; ``rank_frames``

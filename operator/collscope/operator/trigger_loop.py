@@ -1,4 +1,5 @@
-"""kopf handlers: the trigger loop of every TrainingJob (DESIGN.md §5, Mycroft §4.3).
+"""kopf handlers: the trigger loop of every TrainingJob (docs/design.md, "Data path" 5;
+Mycroft §4.3).
 
 A ``kopf.timer`` on trainingjobs runs every ``settings.trigger.interval_s`` (1 s by default; a
 job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rarer). One tick:

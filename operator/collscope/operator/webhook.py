@@ -1,5 +1,5 @@
 """kopf handler: the mutating admission webhook injecting the plugin into opted-in pods
-(DESIGN.md §1; the patch itself is ``injection.patch``, pure and idempotent).
+(docs/design.md, "Pod contract"; the patch itself is ``injection.patch``, pure and idempotent).
 
 Registered only when the webhook is enabled (``COLLSCOPE_WEBHOOK_PORT``): kopf refuses to start
 with admission handlers and no webhook server. The handler runs on pod CREATE only, for pods

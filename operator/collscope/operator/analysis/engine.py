@@ -1,6 +1,6 @@
 """``diagnose(bundle) -> Diagnosis``: the one entry point of analysis (CLI, operator, benchmarks).
 
-It replays a bundle the way the operator lives through a job (DESIGN.md steps 4-6):
+It replays a bundle the way the operator lives through a job (docs/design.md, "Data path" 4-6):
 
 0. the bundle is put on one clock (``clocks``: node offsets from operations that span nodes);
 1. communicators and groups from ``comm`` records (``groups``); up to 10 sampled ranks, at
@@ -54,7 +54,7 @@ NS = 1_000_000_000
 class AnalysisSettings:
     """Every threshold of analysis, grouped by stage; defaults tuned on the simulator."""
 
-    tick_s: float = 1.0  # the operator pulls trigger summaries once a second (DESIGN.md §5)
+    tick_s: float = 1.0  # the operator's trigger tick (docs/design.md, "Data path" 5)
     idle_replay_s: float = 300.0  # ticks replayed after the last record before a gap: past
     # every hang threshold (a 10 s-step pipeline's is well under a minute); the rest of a gap
     # holds no data and is skipped, so ticks are bounded by the records, not by the span

@@ -2,14 +2,15 @@
 
 For each simulated node ``node-<i>``: a kubelet-like pods tree under ``<root>/node-<i>/pods``
 where every rank's pod has its ring volume
-(``<uid>/volumes/kubernetes.io~empty-dir/collscope-trace/``, DESIGN.md §3), and a real node
-agent (``python -m collscope.nodeagent --discovery kubelet ... run``) listening on the node's
-own loopback address ``127.0.0.<i + 2>`` (all on one port, as a DaemonSet's pods would be on
-their nodes' IPs), whose hardware is simulated under ``<root>/node-<i>/hw``
-(``hardware.NodeHardware``: one GPU and one HCA per rank of the node, rank r on GPU and HCA
-``r % ranks_per_node``; ``onebox.nodeagent`` runs the agent on it). From the onset, the injected
-fault's hardware side shows there (``hardware.SYMPTOMS``: a NIC's link down, an XID, clocks
-capped), unless ``hw_symptoms=False``; ``hardware=False`` runs the agents without any.
+(``<uid>/volumes/kubernetes.io~empty-dir/collscope-trace/``, docs/design.md, "Pod contract"),
+and a real node agent (``python -m collscope.nodeagent --discovery kubelet ... run``)
+listening on the node's own loopback address ``127.0.0.<i + 2>`` (all on one port, as a
+DaemonSet's pods would be on their nodes' IPs), whose hardware is simulated under
+``<root>/node-<i>/hw`` (``hardware.NodeHardware``: one GPU and one HCA per rank of the node,
+rank r on GPU and HCA ``r % ranks_per_node``; ``onebox.nodeagent`` runs the agent on it).
+From the onset, the injected fault's hardware side shows there (``hardware.SYMPTOMS``: a
+NIC's link down, an XID, clocks capped), unless ``hw_symptoms=False``; ``hardware=False``
+runs the agents without any.
 For each rank: a process running ``rank.main`` (the real plugin, ctypes).
 The ranks share their chunk counters through one memory-mapped file (``state="mmap"``), or
 through the TCP fabric a workload on a cluster uses (``state="tcp"``: a ``fabric.Server`` in
