@@ -11,7 +11,7 @@ import numpy as np
 
 from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis import engine as analysis
-from collscope.operator.onebox import htmlreport
+from collscope.operator.onebox import htmlprogress, htmlreport
 from collscope.operator.simulator import config, engine, truth
 
 
@@ -90,7 +90,7 @@ def test_sequence_numbers_are_the_culprits_communicators_everywhere() -> None:
     ops = sim.bundle.ops[sim.bundle.ops["rank"] == top.rank]
     done = int(ops["seq"][ops["comm"] == comm].max())
     assert int(ops["seq"].max()) > done  # another comm of the rank counts higher: the trap
-    p = htmlreport.progress(sim.bundle, top.rank, comm)
+    p = htmlprogress.progress(sim.bundle, top.rank, comm)
     assert (p.comm, p.last_done, p.in_flight) == (comm, done, done + 1)
     page = _page(result, sim)
     culprit = re.search(r"<p id='culprit'>(.*?)</p>", page)
@@ -141,7 +141,7 @@ def test_moving_flows_are_plotted_against_seconds_since_the_start() -> None:
     b = sim.bundle
     top = result.culprits[0].rank
     assert top is not None
-    p = htmlreport.progress(b, top, b.comm_index(result.culprits[0].comm or ""))
+    p = htmlprogress.progress(b, top, b.comm_index(result.culprits[0].comm or ""))
     assert p.state_row is not None
     rows = np.flatnonzero(
         (b.states["rank"] == top) & (b.states["seq"] == p.in_flight) & (b.states["comm"] == p.comm)
