@@ -7,7 +7,8 @@ allowed nothing.
 Unauthenticated, forged and wrongly authorized requests to the endpoints that pause processes,
 arm probes or give away other tenants' data (``/v1/stacks``, ``/v1/flightrecorder``,
 ``/v1/profile``, ``/v1/window``, ``/v1/export``) are refused before any work. py-spy never runs
-for them. Meanwhile the operator keeps being served.
+for them. Meanwhile the operator keeps being served. A job owner allowed in its own namespace
+reads its own pods' data only, whatever namespace another tenant's ring header claims.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import httpx
 import pydantic
 import pytest
 from aiohttp import web
+from tests.hostile import test_workloads as two_jobs
 from tests.unit.nodeagent import test_auth, test_server_limits
 
-from collscope.nodeagent import agent, auth, settings, stacks
+from collscope.nodeagent import agent, auth, server, settings, stacks
 
 ENDPOINTS = [
     ("POST", "/v1/stacks", {"pids": [1]}),
@@ -41,8 +43,8 @@ ENDPOINTS = [
 class ApiServerThread:
     """``test_auth.FakeApiServer`` on its own event loop thread (the agent runs in another)."""
 
-    def __init__(self) -> None:
-        self.fake = test_auth.FakeApiServer(
+    def __init__(self, fake: test_auth.FakeApiServer | None = None) -> None:
+        self.fake = fake or test_auth.FakeApiServer(
             users={"op-token": test_auth.OPERATOR, "tenant-token": "system:serviceaccount:ml:t"},
             allowed={(test_auth.OPERATOR, "get", "agents/data"),
                      (test_auth.OPERATOR, "create", "agents/stacks"),
@@ -65,6 +67,8 @@ class ApiServerThread:
         app.router.add_post(
             "/apis/authorization.k8s.io/v1/subjectaccessreviews", self.fake.subjectaccessreviews
         )
+        if isinstance(self.fake, NamespacedApiServer):
+            app.router.add_get("/api/v1/pods", self.fake.list_pods)
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -170,3 +174,83 @@ def test_a_refused_tenant_does_not_crowd_out_the_operator(node: Node) -> None:
         stop.set()
         for t in threads:
             t.join()
+
+
+class NamespacedApiServer(test_auth.FakeApiServer):
+    """The API server stand-in with namespaces: a SubjectAccessReview is allowed for a grant of
+    (user, verb, resource, namespace) (a RoleBinding there), and the node's pods are listed."""
+
+    def __init__(self, grants: set[tuple[str, str, str, str]], pods: dict[str, str]) -> None:
+        super().__init__(users={"owner-train": OWNER_TRAIN}, allowed=set())
+        self.grants, self.pods = grants, pods
+
+    async def subjectaccessreviews(self, request: web.Request) -> web.Response:
+        body = await self._check(request)
+        spec, ra = body["spec"], body["spec"].get("resourceAttributes", {})
+        key = (spec["user"], ra.get("verb"), f"agents/{ra.get('subresource')}", ra.get("namespace"))
+        return web.json_response({**body, "status": {"allowed": key in self.grants}}, status=201)
+
+    async def list_pods(self, request: web.Request) -> web.Response:
+        self.auth_headers.append(request.headers.get("Authorization", ""))
+        assert request.query["fieldSelector"] == "spec.nodeName=node"
+        items = [{"metadata": {"uid": uid, "namespace": ns, "name": f"p-{ns}"}}
+                 for uid, ns in self.pods.items()]  # fmt: skip
+        return web.json_response({"kind": "PodList", "items": items})
+
+
+OWNER_TRAIN = "system:serviceaccount:train:runner"
+
+
+def test_a_job_owner_cannot_read_another_namespaces_window(tmp_path: pathlib.Path) -> None:
+    """Two jobs on one node (test_workloads.Node): pod A of namespace "train" and pod B of
+    namespace "other", whose ring headers both claim namespace "train". The owner of "train"
+    (a RoleBinding there, nothing node-wide) reads its own pod's window and Flight Recorder;
+    B's window, B's dumps, both at once and the whole node are refused: the namespace is the
+    API server's for the pod uid of the kubelet path, never the tenant-written header."""
+    fake = NamespacedApiServer(
+        grants={(OWNER_TRAIN, "get", "agents/data", "train"),
+                (OWNER_TRAIN, "create", "agents/flightrecorder", "train")},
+        pods={two_jobs.A: "train", two_jobs.B: "other"},
+    )  # fmt: skip
+    api = ApiServerThread(fake)
+    token = tmp_path / "agent-token"
+    token.write_text(test_auth.AGENT_TOKEN)
+    crt, key = test_server_limits.self_signed(tmp_path / "tls", "agent.test")
+    tls = settings.TLSSettings(cert_file=str(crt), key_file=str(key))
+    node = two_jobs.Node(tmp_path / "node")
+    assert {r.pod_namespace for r in node.service.ranks().ranks} == {"train"}  # B's forged too
+    srv = server.Server(
+        node.service,
+        test_server_limits.config(tmp_path / "trace", tls=tls),
+        reviewer=auth.KubeReviewer(api.url, auth.TokenFile(str(token))),
+    )
+    srv.start()
+    host, port = srv.address
+    owner = Node(f"https://{host}:{port}", crt, CountingStacks())
+    try:
+        with owner.client("owner-train") as c:
+            mine = c.get("/v1/window", params={"workloads": two_jobs.A})
+            assert mine.status_code == 200, mine.text
+            assert f'"bytes":{two_jobs.BYTES[two_jobs.A]}' in mine.text
+            assert f'"bytes":{two_jobs.BYTES[two_jobs.B]}' not in mine.text
+            fr = c.post("/v1/flightrecorder", json={"workloads": [two_jobs.A]})
+            assert fr.status_code == 200, fr.text
+            assert node.dumps.targets == [(0, two_jobs.HOST[100]), (1, two_jobs.HOST[101])]
+            theirs = [
+                c.get("/v1/window", params={"workloads": two_jobs.B}),
+                c.get("/v1/window", params={"workloads": f"{two_jobs.A},{two_jobs.B}"}),
+                c.get("/v1/export", params={"workloads": two_jobs.B}),
+                c.get("/v1/summaries", params={"workloads": two_jobs.B}),
+                c.post("/v1/flightrecorder", json={"workloads": [two_jobs.B]}),
+                c.post("/v1/stacks", json={"workloads": [two_jobs.A], "pids": [5200]}),
+                c.get("/v1/window"),  # the whole node
+                c.get("/v1/ranks"),
+            ]
+            for r in theirs:
+                assert r.status_code == 403, (r.request.url, r.text)
+                assert r.json()["error"]
+        assert node.dumps.targets == [(0, two_jobs.HOST[100]), (1, two_jobs.HOST[101])]
+        assert node.dumps.pids == []
+    finally:
+        srv.stop()
+        api.stop()

@@ -20,11 +20,14 @@ open the kubelet's exec and logs)::
     GET  /metrics                 get    non-resource /metrics (kube-rbac-proxy's convention,
                                          so Prometheus' usual ClusterRole covers it)
 
-A caller's namespace is never part of these checks: the rights are node-wide. Job owners
-limited to their own namespace's pods are not supported yet (see charts/collscope/README).
+These rights are node-wide. A caller refused them (a job owner) may still be allowed for its
+own namespace's pods: a request that names workloads is asked again with ``namespace`` set to
+the namespace of each of their pods, as the API server has it (``tenancy.py``, ``server.py``),
+so a RoleBinding in that namespace grants it there only.
 
-``KubeReviewer`` makes the two calls over aiohttp with the agent's own ServiceAccount (its
-token re-read when the kubelet rotates it). Tests pass a fake of the ``Reviewer`` protocol.
+``KubeReviewer`` makes the calls over aiohttp with the agent's own ServiceAccount (its token
+re-read when the kubelet rotates it): the two reviews, and ``node_pods`` (``tenancy.PodLister``:
+list pods on this node). Tests pass a fake of the ``Reviewer`` protocol.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any, Final, Protocol
 
 import aiohttp
 
-from collscope.nodeagent import errors
+from collscope.nodeagent import errors, tenancy
 
 GROUP: Final = "collscope.dev"
 RESOURCE: Final = "agents"
@@ -62,6 +65,10 @@ NON_RESOURCE: Final = frozenset({"/metrics"})
 # A cache bigger than this is not the few callers of a node agent but someone trying many
 # tokens: the oldest entries go.
 MAX_CACHE_ENTRIES: Final = 4096
+# Pod lists in metadata only (name, namespace, uid: no specs), JSON if the server cannot.
+PARTIAL_METADATA: Final = (
+    "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io, application/json;q=0.9"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -198,6 +205,21 @@ class KubeReviewer:
         )
         return status.get("allowed") is True
 
+    async def node_pods(self, node: str) -> dict[str, tenancy.PodRef]:
+        """uid -> namespace/name of the pods bound to ``node`` (``GET /api/v1/pods`` with
+        ``fieldSelector=spec.nodeName=<node>``, metadata only); needs ``list`` on pods."""
+        url = f"{self.api_server}/api/v1/pods"
+        params = {"fieldSelector": f"spec.nodeName={node}"}
+        answer = await self._call("GET", url, "pod list", params=params, accept=PARTIAL_METADATA)
+        items = answer.get("items") if isinstance(answer, dict) else None
+        out: dict[str, tenancy.PodRef] = {}
+        for item in items if isinstance(items, list) else ():
+            meta = item.get("metadata") if isinstance(item, dict) else None
+            if isinstance(meta, dict) and meta.get("uid") and meta.get("namespace"):
+                ref = tenancy.PodRef(str(meta["namespace"]), str(meta.get("name", "")))
+                out[str(meta["uid"])] = ref
+        return out
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -206,21 +228,38 @@ class KubeReviewer:
     async def _review(self, group: str, plural: str, kind: str, spec: dict[str, Any]) -> Any:
         url = f"{self.api_server}/apis/{group}/v1/{plural}"
         body = {"apiVersion": f"{group}/v1", "kind": kind, "spec": spec}
-        headers = {"Authorization": f"Bearer {self._token()}"}
+        answer = await self._call("POST", url, kind, json=body)
+        status = answer.get("status") if isinstance(answer, dict) else None
+        return status if isinstance(status, dict) else {}
+
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        what: str,
+        *,
+        json: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        accept: str = "application/json",
+    ) -> Any:
+        headers = {"Authorization": f"Bearer {self._token()}", "Accept": accept}
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
-            async with self._session.post(
-                url, json=body, headers=headers, ssl=self._ssl if self._ssl is not None else True
+            async with self._session.request(
+                method,
+                url,
+                json=json,
+                params=params,
+                headers=headers,
+                ssl=self._ssl if self._ssl is not None else True,
             ) as resp:
                 if resp.status not in (200, 201):
                     text = (await resp.text())[:200]
-                    raise errors.ReviewUnavailable(f"{kind}: HTTP {resp.status}: {text}")
-                answer = await resp.json(content_type=None)
+                    raise errors.ReviewUnavailable(f"{what}: HTTP {resp.status}: {text}")
+                return await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise errors.ReviewUnavailable(f"{kind} at {url}: {type(e).__name__}: {e}") from e
-        status = answer.get("status") if isinstance(answer, dict) else None
-        return status if isinstance(status, dict) else {}
+            raise errors.ReviewUnavailable(f"{what} at {url}: {type(e).__name__}: {e}") from e
 
 
 class Cache:

@@ -4,7 +4,9 @@ Routes and models: ``api.py``; who may call what: ``auth.py``. Query parameters 
 here. A bad one answers 400 with ``api.ErrorResponse`` naming it (``errors.QueryError``). A
 missing capability answers 503 (``errors.UnavailableError``), an unknown path 404. A request
 without a valid token answers 401, one that RBAC does not allow 403, and one over the per-caller
-rate of py-spy and Flight Recorder requests 429; all of them carry an ``ErrorResponse``.
+rate of py-spy and Flight Recorder requests 429; all of them carry an ``ErrorResponse``. A caller
+refused node-wide is asked again per namespace when its request names workloads (a job owner:
+``_scoped``, ``tenancy.py``).
 ``/v1/window`` streams bundle-v1 lines as they are formatted (``application/x-ndjson``, chunked,
 no Content-Length). A request whose ``Accept`` names ``bundle.columnar.MEDIA_TYPE`` (with
 q > 0) gets the same records in that columnar form instead, with a Content-Length (the operator
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import dataclasses
 import functools
 import http
 import logging
@@ -48,7 +51,16 @@ from typing import Any, Final, TypeVar
 import pydantic
 from aiohttp import web
 
-from collscope.nodeagent import api, auth, errors, metrics, profiling, service, settings
+from collscope.nodeagent import (
+    api,
+    auth,
+    errors,
+    metrics,
+    profiling,
+    service,
+    settings,
+    tenancy,
+)
 from collscope.nodeagent.bundle import columnar
 
 log = logging.getLogger(__name__)
@@ -102,6 +114,12 @@ class Server:
             None
             if a.mode == "none" or reviewer is None
             else auth.Cache(reviewer, ttl_s=a.cache_ttl_s, denied_ttl_s=a.denied_ttl_s)
+        )
+        # Job owners' namespaced access needs the pods' namespaces from the API server.
+        self.pods = (
+            tenancy.Pods(reviewer, svc.node)
+            if self.reviewer is not None and isinstance(reviewer, tenancy.PodLister)
+            else None
         )
         self.rate = auth.RateLimit(burst=a.expensive_burst, per_minute=a.expensive_per_minute)
         self.tls = Certificate(config.tls) if config.tls.cert_file else None
@@ -255,11 +273,48 @@ class Server:
             msg = "the token was not accepted (TokenReview)"
             raise Refusal(401, msg, WWW_Authenticate=challenge)
         attrs = auth.attributes(method, path, self.svc.node)
-        if attrs is not None and not await self.reviewer.authorize(user, attrs):
-            log.info("%s %s from %s: %s is not allowed", method, path, request.remote, user.name)
-            what = attrs.path or f"{attrs.resource}/{attrs.subresource} {attrs.name}"
-            raise Refusal(403, f"{user.name} may not {attrs.verb} {what} ({attrs.group or 'url'})")
-        return user.name
+        if attrs is None or await self.reviewer.authorize(user, attrs):
+            return user.name
+        scope = await self._scoped(request, user, attrs)
+        if scope is not None:
+            log.info("%s %s from %s: %s allowed in %s", method, path, request.remote, user.name,
+                     scope)  # fmt: skip
+            return user.name
+        log.info("%s %s from %s: %s is not allowed", method, path, request.remote, user.name)
+        what = attrs.path or f"{attrs.resource}/{attrs.subresource} {attrs.name}"
+        raise Refusal(403, f"{user.name} may not {attrs.verb} {what} ({attrs.group or 'url'})")
+
+    async def _scoped(
+        self, request: web.Request, user: auth.User, attrs: auth.Attributes
+    ) -> str | None:
+        """A caller refused node-wide, allowed for the workloads its request names: RBAC allows
+        ``attrs`` in the namespace of each one's pod, as the API server places it (never the
+        ring header's). None when the request names none (node-wide is needed then);
+        ``Refusal`` 403 when one has no pod here, is in a namespace not allowed, or the request
+        also names raw pids (they may be any process of the node)."""
+        if self.pods is None or self.reviewer is None or attrs.path:
+            return None
+        if request.method == "GET":
+            q = urllib.parse.parse_qs(request.rel_url.raw_query_string, keep_blank_values=True)
+            workloads, pids = _workloads(q), None
+        else:
+            named = await self._body(request, _Named)
+            workloads, pids = named.workloads, named.pids
+        if not workloads:
+            return None
+        if pids:
+            raise Refusal(403, f"{user.name}: raw pids need {attrs.subresource} on the whole node")
+        pods = await self.pods.lookup(workloads)
+        unknown = sorted(w for w, pod in pods.items() if pod is None)
+        if unknown:
+            msg = f"workloads {', '.join(unknown)[:300]}: no pod of node {self.svc.node}"
+            raise Refusal(403, msg)
+        namespaces = sorted({pod.namespace for pod in pods.values() if pod is not None})
+        for ns in namespaces:
+            if not await self.reviewer.authorize(user, dataclasses.replace(attrs, namespace=ns)):
+                what = f"{attrs.resource}/{attrs.subresource} {attrs.name}"
+                raise Refusal(403, f"{user.name} may not {attrs.verb} {what} in namespace {ns}")
+        return "namespace " + ", ".join(namespaces)
 
     def _limit(self, caller: str) -> None:
         wait_s = self.rate.take(caller)
@@ -431,6 +486,14 @@ class Server:
         return await self._json(request, 200 if h.status == "ok" else 503, h)
 
     readyz = livez  # ready = sampling: the agent needs no API server to serve its node
+
+
+class _Named(pydantic.BaseModel):
+    """What a POST body names, read for a namespaced caller before its route parses it all."""
+
+    model_config = pydantic.ConfigDict(extra="ignore")
+    workloads: list[str] | None = None
+    pids: list[int] | None = None
 
 
 Route = Callable[[Server, web.Request, Query, str], Awaitable[web.StreamResponse]]

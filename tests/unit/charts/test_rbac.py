@@ -11,8 +11,9 @@ Calls are derived from the code, not listed by hand:
 - the agents' API: every public coroutine of ``agents.AgentClient`` is called against a
   recording transport and each request is mapped to the SubjectAccessReview the agent asks for
   it (``collscope.nodeagent.auth.attributes``); the operator must be granted exactly those.
-The agent's own rights are the reviews ``auth.KubeReviewer`` sends (TokenReview and
-SubjectAccessReview creates), recorded from a real call, and nothing else.
+The agent's own rights are what ``auth.KubeReviewer`` sends (TokenReview and
+SubjectAccessReview creates, and the list of its node's pods that gives a job owner's workloads
+their namespaces), recorded from real calls of every public coroutine, and nothing else.
 """
 
 from __future__ import annotations
@@ -220,7 +221,6 @@ def covers(g: Grant, c: Call) -> bool:
 
 AGENT_CALLS: dict[str, tuple[Any, ...]] = {
     "ranks": (),
-    "summaries": ([1],),
     "window_lines": ([1],),
     "window": ([1],),
     "hardware": (),
@@ -230,7 +230,6 @@ AGENT_CALLS: dict[str, tuple[Any, ...]] = {
     "profile_report": ("p",),
 }
 AGENT_KWARGS: dict[str, dict[str, Any]] = {
-    "summaries": {"window_s": 5.0},
     "window_lines": {"since_ns": 0, "until_ns": 1},
     "window": {"since_ns": 0, "until_ns": 1},
     "hardware": {"since_ns": 0, "until_ns": 1},
@@ -249,7 +248,7 @@ def agent_api_calls() -> list[Call]:
         return httpx.Response(404, json={"error": "recorded"})
 
     async def run_all() -> None:
-        c = agents.AgentClient("n1", "https://agent", retries=0,
+        c = agents.AgentClient("n1", "https://agent", retries=0, access=settings.AgentSettings(),
                                transport=httpx.MockTransport(answer))  # fmt: skip
         for method, args in AGENT_CALLS.items():
             with contextlib.suppress(errors.AgentError):
@@ -305,16 +304,17 @@ def test_recorder_sees_what_the_adapter_sends() -> None:
 
 
 def reviewer_calls() -> list[Call]:
-    """The requests ``auth.KubeReviewer`` makes for one TokenReview and one SAR."""
+    """The requests ``auth.KubeReviewer`` makes: one TokenReview, one SAR, one pod list."""
     seen: list[tuple[str, str]] = []
 
     async def record(request: web.Request) -> web.Response:
-        seen.append((request.method, request.path))
-        return web.json_response({"status": {"authenticated": True, "allowed": True}}, status=201)
+        seen.append((request.method, request.path_qs))
+        answer = {"status": {"authenticated": True, "allowed": True}, "items": []}
+        return web.json_response(answer, status=201 if request.method == "POST" else 200)
 
     async def run() -> None:
         app = web.Application()
-        app.router.add_post("/{tail:.*}", record)
+        app.router.add_route("*", "/{tail:.*}", record)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -324,17 +324,24 @@ def reviewer_calls() -> list[Call]:
         user = await r.authenticate("t")
         assert user is not None
         await r.authorize(user, auth.Attributes(verb="get", path="/metrics"))
+        assert await r.node_pods("n1") == {}
         await r.aclose()
         await runner.cleanup()
 
+    assert public_coroutines(auth.KubeReviewer) - {"aclose"} == {
+        "authenticate",
+        "authorize",
+        "node_pods",
+    }
     asyncio.run(run())
     return [to_call(m, "http://k8s" + p) for m, p in seen]
 
 
-def test_the_agent_may_only_review_tokens(chart: Any) -> None:
+def test_the_agent_may_only_review_tokens_and_list_pods(chart: Any) -> None:
     calls = set(reviewer_calls())
     assert calls == {Call("authentication.k8s.io", "tokenreviews", "create"),
-                     Call("authorization.k8s.io", "subjectaccessreviews", "create")}  # fmt: skip
+                     Call("authorization.k8s.io", "subjectaccessreviews", "create"),
+                     Call("", "pods", "list")}  # fmt: skip
     have = grants(chart, "DaemonSet")
     assert {(g.group, g.resource, g.verb, g.names, g.namespace) for g in have} == {
         (c.group, c.resource, c.verb, frozenset(), None) for c in calls
@@ -357,3 +364,19 @@ def test_a_metrics_reader_role_for_prometheus(chart: Any) -> None:
     role = chart.find(chart.render(), "ClusterRole", "collscope-agent-metrics-reader")
     assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     assert auth.attributes("GET", "/metrics", "n1") == auth.Attributes(verb="get", path="/metrics")
+
+
+def test_a_job_owner_role_to_bind_per_namespace(chart: Any) -> None:
+    """Bound by a RoleBinding in a job's namespace, it opens that namespace's pods only
+    (tests/unit/nodeagent/test_tenancy.py); the chart binds it to nobody."""
+    docs = chart.render()
+    role = chart.find(docs, "ClusterRole", "collscope-agent-job-owner")
+    got = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert got == {("agents/data", "get"), ("agents/stacks", "create"),
+                   ("agents/flightrecorder", "create")}  # fmt: skip
+    for sub, verb in (("data", "get"), ("stacks", "create"), ("flightrecorder", "create")):
+        a = auth.Attributes(verb=verb, group=auth.GROUP, resource=auth.RESOURCE, subresource=sub)
+        assert (f"{a.resource}/{a.subresource}", a.verb) in got
+    bound = [b for b in docs if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+             and b["roleRef"]["name"] == "collscope-agent-job-owner"]  # fmt: skip
+    assert bound == []
