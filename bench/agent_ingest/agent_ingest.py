@@ -5,7 +5,7 @@ Reproduce (from the repository root, after the README's set-up)::
     .venv/bin/python bench/agent_ingest/agent_ingest.py               # ~35 s
     .venv/bin/python bench/agent_ingest/agent_ingest.py --duration-s 5 --quick
 
-The rings are written here, in the plugin's binary layout (``ringlayout`` dtypes, the same the
+The rings are written here, in the plugin's binary layout (``layout`` dtypes, the same the
 reader is checked against), not by the plugin: no compiler needed, and the numbers measure the
 reader side only. Scenario: ``--rings`` rings (8) x ``--comms`` communicators (8) x ``--flows``
 flows (32) per in-flight op, every op in flight, plus ``--ops-per-tick`` completions (8) per
@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from collscope.nodeagent import discovery, livestate, ring, ringlayout, sampler, settings, window
+from collscope.nodeagent import discovery, ring, sampler, settings, window
+from collscope.nodeagent.ring import layout, staterows
 
 T0 = 1_732_001_234_000_000_000
 EVENT_SLOTS = 4096
@@ -43,27 +44,27 @@ class SyntheticRing:
     """A ring file mapped read-write; the bench plays the writer (no seqlock races)."""
 
     def __init__(self, path: pathlib.Path, rank: int, comms: int, flows: int) -> None:
-        comm_off = ringlayout.HEADER_BYTES
-        ev_off = comm_off + ringlayout.COMM_SLOTS * ringlayout.COMM_SLOT.itemsize
-        size = ev_off + EVENT_SLOTS * ringlayout.EVENT_BYTES
+        comm_off = layout.HEADER_BYTES
+        ev_off = comm_off + layout.COMM_SLOTS * layout.COMM_SLOT.itemsize
+        size = ev_off + EVENT_SLOTS * layout.EVENT_BYTES
         path.write_bytes(b"\0" * size)
-        self.header = np.memmap(path, ringlayout.HEADER, "r+", 0, (1,))
-        self.comms = np.memmap(path, ringlayout.COMM_SLOT, "r+", comm_off, (ringlayout.COMM_SLOTS,))
-        self.events = np.memmap(path, ringlayout.EVENT, "r+", ev_off, (EVENT_SLOTS,))
+        self.header = np.memmap(path, layout.HEADER, "r+", 0, (1,))
+        self.comms = np.memmap(path, layout.COMM_SLOT, "r+", comm_off, (layout.COMM_SLOTS,))
+        self.events = np.memmap(path, layout.EVENT, "r+", ev_off, (EVENT_SLOTS,))
         h = self.header[0]
         for name, value in {
-            "magic": ringlayout.MAGIC, "version": ringlayout.VERSION,
-            "header_size": ringlayout.HEADER_BYTES, "file_size": size, "state": 1,
+            "magic": layout.MAGIC, "version": layout.VERSION,
+            "header_size": layout.HEADER_BYTES, "file_size": size, "state": 1,
             "profiler_api": 5, "comm_region_offset": comm_off,
-            "comm_region_size": ringlayout.COMM_SLOTS * ringlayout.COMM_SLOT.itemsize,
-            "comm_slot_count": ringlayout.COMM_SLOTS,
-            "comm_slot_size": ringlayout.COMM_SLOT.itemsize,
-            "op_slots_per_comm": ringlayout.OPS_PER_COMM,
-            "flow_slots_per_comm": ringlayout.FLOWS_PER_COMM, "event_region_offset": ev_off,
-            "event_region_size": EVENT_SLOTS * ringlayout.EVENT_BYTES,
-            "event_slot_count": EVENT_SLOTS, "event_record_size": ringlayout.EVENT_BYTES,
-            "op_slot_size": ringlayout.OP_SLOT.itemsize,
-            "flow_slot_size": ringlayout.FLOW_SLOT.itemsize,
+            "comm_region_size": layout.COMM_SLOTS * layout.COMM_SLOT.itemsize,
+            "comm_slot_count": layout.COMM_SLOTS,
+            "comm_slot_size": layout.COMM_SLOT.itemsize,
+            "op_slots_per_comm": layout.OPS_PER_COMM,
+            "flow_slots_per_comm": layout.FLOWS_PER_COMM, "event_region_offset": ev_off,
+            "event_region_size": EVENT_SLOTS * layout.EVENT_BYTES,
+            "event_slot_count": EVENT_SLOTS, "event_record_size": layout.EVENT_BYTES,
+            "op_slot_size": layout.OP_SLOT.itemsize,
+            "flow_slot_size": layout.FLOW_SLOT.itemsize,
             "pid": 1000 + rank, "rank": rank, "local_rank": rank, "world_size": 64,
             "init_realtime_ns": T0, "heartbeat_ns": time.time_ns(),
         }.items():  # fmt: skip
@@ -79,18 +80,14 @@ class SyntheticRing:
             )
             s["init_ns"], s["generation"], s["name"] = T0, 1, f"comm{c}".encode()
             op = s["ops"][0]
-            op["state"], op["serial"], op["seq"], op["func"] = ringlayout.OP_ACTIVE, 5, 5, 1
+            op["state"], op["serial"], op["seq"], op["func"] = layout.OP_ACTIVE, 5, 5, 1
             op["bytes"], op["start_ns"], op["nchannels"] = 1 << 22, T0, flows // 2
             fl = s["flows"][:flows]
-            fl["dir"] = np.where(
-                np.arange(flows) % 2 == 0, ringlayout.DIR_SEND, ringlayout.DIR_RECV
-            )
+            fl["dir"] = np.where(np.arange(flows) % 2 == 0, layout.DIR_SEND, layout.DIR_RECV)
             fl["channel"] = np.arange(flows) // 2
             # A ring all-reduce: send to the next rank, receive from the previous one.
-            fl["peer"] = np.where(
-                fl["dir"] == ringlayout.DIR_SEND, (rank + 1) % 64, (rank - 1) % 64
-            )
-            fl["state"], fl["serial"], fl["total"] = ringlayout.FLOW_RUNNING, 5, 64
+            fl["peer"] = np.where(fl["dir"] == layout.DIR_SEND, (rank + 1) % 64, (rank - 1) % 64)
+            fl["state"], fl["serial"], fl["total"] = layout.FLOW_RUNNING, 5, 64
             fl["c_ready_posted"], fl["c_sent_done"], fl["c_done_consumed"] = 40, 30, 20
             fl["last_progress_ns"] = T0
         self.written = 0
@@ -99,7 +96,7 @@ class SyntheticRing:
         """Append ``n`` committed op records (AllReduce on comm 0)."""
         for _ in range(n):
             i = self.written
-            r = np.zeros(1, ringlayout.OP_RECORD)[0]
+            r = np.zeros(1, layout.OP_RECORD)[0]
             r["type"], r["func"], r["comm_slot"], r["comm_hash"], r["seq"] = 1, 1, 0, 0xC0, i
             r["bytes"], r["start_ns"], r["end_ns"], r["peer"], r["idx"] = (
                 1 << 22,
@@ -231,7 +228,7 @@ def fill(rings: list[Any], a: argparse.Namespace, root: pathlib.Path) -> None:
         cap //= 8
     w = window.Window(window_s=1e9, memory_cap_bytes=cap)
     opened = [ring.open(root / f"r{k}.ring") for k in range(a.rings)]
-    names = livestate.Names(w.comm_ids, w.strings)
+    names = staterows.Names(w.comm_ids, w.strings)
     before = rss_bytes()
     ts = T0
     n = 0
@@ -239,7 +236,7 @@ def fill(rings: list[Any], a: argparse.Namespace, root: pathlib.Path) -> None:
         ts += 100_000_000
         for k, r in enumerate(opened):
             _, copies, _ = r.live_copies()
-            rows = livestate.state_rows(r.path, k, copies, ts, names)
+            rows = staterows.state_rows(r.path, k, copies, ts, names)
             w.add(k, states=rows.states, flows=rows.flows)
         n += 1
     after = rss_bytes()

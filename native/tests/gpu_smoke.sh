@@ -66,7 +66,8 @@ cat >"${work}/check.py" <<'EOF'
 import glob
 import sys
 
-from collscope.nodeagent import ring, ringevents, ringlayout
+from collscope.nodeagent import ring
+from collscope.nodeagent.ring import eventlog, layout
 
 trace_dir, need_flows = sys.argv[1], sys.argv[2] == "flows"
 files = sorted(glob.glob(f"{trace_dir}/collscope-*.ring"))
@@ -76,11 +77,11 @@ for path in files:
     with ring.open(path) as r:
         ident, status, snap = r.identity, r.status(), r.snapshot()
         events, _, missed = r.events_since(r.first_cursor())
-    ops = [e for e in events if isinstance(e, ringevents.OpEvent)]
+    ops = [e for e in events if isinstance(e, eventlog.OpEvent)]
     bad = [e for e in ops if e.end_ns < e.start_ns]
     if bad:
         sys.exit(f"{path}: record {bad[0].index} ends before it starts")
-    kernel_timed = sum(1 for e in ops if e.flags & ringlayout.OPF_KERNEL)
+    kernel_timed = sum(1 for e in ops if e.flags & layout.OPF_KERNEL)
     flows_done = sum(1 for c in snap.comms for f in c.flows if f.total and f.done_consumed == f.total)
     print(f"{path}: rank {ident.rank}/{ident.world_size} local {ident.local_rank} "
           f"nccl '{ident.nccl_version}' api v{status.profiler_api}: {len(ops)} op records "

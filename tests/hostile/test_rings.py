@@ -2,7 +2,7 @@
 of "Multi-tenancy"): each attack fails for the attacker's own file only, quickly, with an error
 naming it, while the reader keeps serving the other tenants' rings.
 
-The rings are written here in the plugin's layout (``ringlayout`` dtypes, the same the reader
+The rings are written here in the plugin's layout (``layout`` dtypes, the same the reader
 is checked against in tests/unit/native), with times near the real clock: the reader's default
 clock bounds the times a ring may hold.
 """
@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collscope.nodeagent import errors, livestate, ring, ringlayout
+from collscope.nodeagent import errors, ring
 from collscope.nodeagent.bundle import reader, writer
+from collscope.nodeagent.ring import layout, staterows
 from collscope.operator.simulator import config, engine
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -32,37 +33,37 @@ def write_ring(path: pathlib.Path, *, init_ns: int | None = None) -> np.ndarray[
     """A valid ring with one active communicator and one op in flight; returns its comm slots
     (modify them and call ``write_ring`` again to rewrite)."""
     t0 = time.time_ns() - 10 * 10**9 if init_ns is None else init_ns
-    header = np.zeros(1, ringlayout.HEADER)
-    comms = np.zeros(ringlayout.COMM_SLOTS, ringlayout.COMM_SLOT)
-    events = np.zeros(EVENT_SLOTS, ringlayout.EVENT)
-    comm_off = ringlayout.HEADER_BYTES
+    header = np.zeros(1, layout.HEADER)
+    comms = np.zeros(layout.COMM_SLOTS, layout.COMM_SLOT)
+    events = np.zeros(EVENT_SLOTS, layout.EVENT)
+    comm_off = layout.HEADER_BYTES
     ev_off = comm_off + comms.nbytes
     h = header[0]
     for name, value in {
-        "magic": ringlayout.MAGIC, "version": ringlayout.VERSION,
-        "header_size": ringlayout.HEADER_BYTES, "file_size": ev_off + events.nbytes,
-        "state": ringlayout.RING_STATE_ACTIVE, "profiler_api": 5,
+        "magic": layout.MAGIC, "version": layout.VERSION,
+        "header_size": layout.HEADER_BYTES, "file_size": ev_off + events.nbytes,
+        "state": layout.RING_STATE_ACTIVE, "profiler_api": 5,
         "comm_region_offset": comm_off, "comm_region_size": comms.nbytes,
-        "comm_slot_count": ringlayout.COMM_SLOTS, "comm_slot_size": ringlayout.COMM_SLOT.itemsize,
-        "op_slots_per_comm": ringlayout.OPS_PER_COMM,
-        "flow_slots_per_comm": ringlayout.FLOWS_PER_COMM,
+        "comm_slot_count": layout.COMM_SLOTS, "comm_slot_size": layout.COMM_SLOT.itemsize,
+        "op_slots_per_comm": layout.OPS_PER_COMM,
+        "flow_slots_per_comm": layout.FLOWS_PER_COMM,
         "event_region_offset": ev_off, "event_region_size": events.nbytes,
-        "event_slot_count": EVENT_SLOTS, "event_record_size": ringlayout.EVENT_BYTES,
-        "op_slot_size": ringlayout.OP_SLOT.itemsize,
-        "flow_slot_size": ringlayout.FLOW_SLOT.itemsize,
+        "event_slot_count": EVENT_SLOTS, "event_record_size": layout.EVENT_BYTES,
+        "op_slot_size": layout.OP_SLOT.itemsize,
+        "flow_slot_size": layout.FLOW_SLOT.itemsize,
         "pid": 4242, "rank": 3, "local_rank": 3, "world_size": 8, "init_realtime_ns": t0,
     }.items():  # fmt: skip
         h[name] = value
     c = comms[0]
     for name, value in {
-        "state": ringlayout.COMM_ACTIVE, "comm_hash": 0x1F3A, "rank": 1, "nranks": 4,
+        "state": layout.COMM_ACTIVE, "comm_hash": 0x1F3A, "rank": 1, "nranks": 4,
         "nnodes": 2, "profiler_api": 5, "init_ns": t0, "generation": 1,
         "last_progress_ns": t0,
     }.items():  # fmt: skip
         c[name] = value
     o = c["ops"][0]
     for name, value in {
-        "state": ringlayout.OP_ACTIVE, "seq": 17, "bytes": 4 << 20, "start_ns": t0 + 10**6,
+        "state": layout.OP_ACTIVE, "seq": 17, "bytes": 4 << 20, "start_ns": t0 + 10**6,
         "func": 1, "algo": 2, "proto": 3, "nchannels": 2, "dtype": 8, "peer": -1,
     }.items():  # fmt: skip
         o[name] = value
@@ -135,9 +136,9 @@ def test_a_ring_truncated_between_the_header_check_and_the_copy(tmp_path: pathli
     path = tmp_path / "r.ring"
     write_ring(path)
     with ring.open(path) as r:
-        os.truncate(path, ringlayout.HEADER_BYTES + 100)  # inside the first comm slot
+        os.truncate(path, layout.HEADER_BYTES + 100)  # inside the first comm slot
         with pytest.raises(errors.RingCorrupt, match=r"truncated while open|shrank") as info:
-            r._comm_slots(0, ringlayout.COMM_SLOTS)  # what a copy reads after the header
+            r._comm_slots(0, layout.COMM_SLOTS)  # what a copy reads after the header
         assert info.value.file == str(path)
         with pytest.raises(errors.RingCorrupt):
             r.live_copies()
@@ -165,7 +166,7 @@ def test_a_symlink_as_a_ring_is_not_followed(tmp_path: pathlib.Path) -> None:
 def test_a_comm_initialised_at_1_ns_is_refused_at_ingest(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "r.ring"
     comms = write_ring(path)
-    header = path.read_bytes()[: ringlayout.HEADER_BYTES]
+    header = path.read_bytes()[: layout.HEADER_BYTES]
     comms[0]["init_ns"] = 1
     with path.open("r+b") as f:
         f.write(header + comms.tobytes())
@@ -174,7 +175,7 @@ def test_a_comm_initialised_at_1_ns_is_refused_at_ingest(tmp_path: pathlib.Path)
             r.snapshot()
         _, copies, _ = r.live_copies()
         with pytest.raises(errors.RingCorrupt, match="init_ns"):
-            livestate.comm_records(str(path), 3, copies)
+            staterows.comm_records(str(path), 3, copies)
 
 
 def test_a_ring_whose_plugin_started_in_1970_is_refused(tmp_path: pathlib.Path) -> None:

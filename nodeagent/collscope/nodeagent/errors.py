@@ -8,8 +8,10 @@ Hierarchy::
     ├── RingError                       a trace ring file (native/include/collscope_ring.h)
     │   ├── RingCorrupt(ValueError)     bad magic, sizes, bounds or counters: file, region,
     │   │                               offset/field and reason
-    │   └── RingVersionMismatch         a ring written by a plugin whose layout version this
-    │                                   reader does not know
+    │   ├── RingVersionMismatch         a ring written by a plugin whose layout version this
+    │   │                               reader does not know
+    │   └── RingRankUnset(ValueError)   a ring dumped as records whose writer had no ``RANK``,
+    │                                   and no rank was given in its place
     ├── HardwareError                   a hardware counter source (hardware/: NVML, netlink,
     │   │                               RDMA sysfs)
     │   ├── HardwareUnavailable         the source is absent on this node (no driver, no GPU,
@@ -109,6 +111,14 @@ class RingVersionMismatch(RingError):  # noqa: N818 - the name issue 3 uses
             f"{file}: ring layout version {found}, this reader reads version {expected}"
             " (upgrade the node agent and the plugin together)"
         )
+
+
+class RingRankUnset(RingError, ValueError):  # noqa: N818 - a state, like RingVersionMismatch
+    """A ring's writer had no ``RANK`` and the caller gave none: its records cannot be ranked."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        super().__init__(f"{file}: RANK was not set in the writing process")
 
 
 class SettingsError(CollscopeError, ValueError):

@@ -29,8 +29,9 @@ import os
 import pathlib
 from typing import Final, Literal
 
-from collscope.nodeagent import procs, ringstate
+from collscope.nodeagent import procs
 from collscope.nodeagent.bundle import models
+from collscope.nodeagent.ring import livestate
 
 ProcState = Literal["running", "stopped", "dead", "unknown"]
 _NS = 1_000_000_000
@@ -108,7 +109,7 @@ def _parse_stat(text: str) -> tuple[str | None, int | None]:
 
 def record(
     rank: int,
-    status: ringstate.Status,
+    status: livestate.Status,
     *,
     observed_ns: int,
     process: ProcState,

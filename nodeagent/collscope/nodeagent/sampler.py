@@ -6,7 +6,7 @@ Each tick (Mycroft §4.2: a real-time state log beside the completion log):
    opened (a corrupt or half-created one is skipped with a logged, counted error, and retried
    when its size or mtime changes), vanished ones are closed and marked retired: what was read
    from them stays in the window until it ages out;
-2. per open ring: a seqlock copy of its live state becomes ``state`` rows (``livestate``, only
+2. per open ring: a seqlock copy of its live state becomes ``state`` rows (``staterows``, only
    for communicators with an op in flight), the event ring is tailed from the ring's cursor into
    ``op`` rows, and new communicators into ``comm`` records. A ring whose writer stopped beating
    (wedged or dead) is read all the same: its last state is the evidence of a hang; its events
@@ -15,7 +15,7 @@ Each tick (Mycroft §4.2: a real-time state log beside the completion log):
 
 Keys: each ring's data goes into the window under (its workload, its rank)
 (``discovery.workload_of``: its pod's uid), so two jobs on one node never mix, and so do the
-peer tables that map communicator ranks to global ranks (``livestate.Names``, one per
+peer tables that map communicator ranks to global ranks (``staterows.Names``, one per
 workload: a tenant's ring naming another job's communicator hash cannot rewrite that job's
 peers). The rings of one workload are read in one batch per tick, as before.
 
@@ -35,21 +35,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from collscope.nodeagent import (
-    discovery,
-    errors,
-    eventrows,
-    ids,
-    launchers,
-    livestate,
-    ring,
-    ringevents,
-    ringlayout,
-    ringstate,
-    settings,
-    window,
-)
+from collscope.nodeagent import discovery, errors, ids, launchers, ring, settings, window
 from collscope.nodeagent.bundle import tables
+from collscope.nodeagent.ring import eventlog, eventrows, layout, livestate, staterows
 
 log = logging.getLogger(__name__)
 _NS = 1_000_000_000
@@ -66,7 +54,7 @@ class Tracked:
     workload: str = ""  # discovery.workload_of: the window's key with the rank
     reader: ring.Ring | None = None
     identity: ring.Identity | None = None
-    status: ringstate.Status | None = None
+    status: livestate.Status | None = None
     health: str = "opening"  # opening | live | stale | finalized | error | retired
     error: str = ""
     errors: int = 0
@@ -114,7 +102,7 @@ class Sampler:
         self.clock_ns = clock_ns
         self.stats = Stats()
         self._tracked: dict[str, Tracked] = {}
-        self._names: dict[str, livestate.Names] = {}  # workload -> its peer tables
+        self._names: dict[str, staterows.Names] = {}  # workload -> its peer tables
         self._last_scan_ns: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -257,7 +245,7 @@ class Sampler:
         log.warning("ring %s skipped: %s", t.path, e)
 
     # -- sampling -------------------------------------------------------------------------
-    def _read(self, t: Tracked) -> tuple[livestate.Part, tables.Table] | None:
+    def _read(self, t: Tracked) -> tuple[staterows.Part, tables.Table] | None:
         """Copy one ring's live state and tail its events; None when closed or failed."""
         r, ident = t.reader, t.identity
         if r is None or ident is None:
@@ -282,11 +270,11 @@ class Sampler:
         except (errors.RingError, OSError, ValueError) as e:
             self._broken(t, e)
             return None
-        return livestate.Part(t.path, ident.rank, copies, taken), ops
+        return staterows.Part(t.path, ident.rank, copies, taken), ops
 
-    def _windows(self, read: list[tuple[Tracked, tuple[livestate.Part, tables.Table]]]) -> None:
+    def _windows(self, read: list[tuple[Tracked, tuple[staterows.Part, tables.Table]]]) -> None:
         """State rows of every ring read, in one batch per workload, into the window."""
-        batches: dict[str, list[tuple[Tracked, tuple[livestate.Part, tables.Table]]]] = {}
+        batches: dict[str, list[tuple[Tracked, tuple[staterows.Part, tables.Table]]]] = {}
         for item in read:
             batches.setdefault(item[0].workload, []).append(item)
         for workload, batch in batches.items():
@@ -294,19 +282,19 @@ class Sampler:
 
     def _window(
         self,
-        names: livestate.Names,
-        read: list[tuple[Tracked, tuple[livestate.Part, tables.Table]]],
+        names: staterows.Names,
+        read: list[tuple[Tracked, tuple[staterows.Part, tables.Table]]],
     ) -> None:
         try:
-            rows = livestate.state_rows_batch([p for _, (p, _) in read], names)
+            rows = staterows.state_rows_batch([p for _, (p, _) in read], names)
         except errors.RingCorrupt:
             rows = []  # one ring's slot is out of its domain: find which, one by one
             for t, (p, _) in read:
                 try:
-                    rows.append(livestate.state_rows_batch([p], names)[0])
+                    rows.append(staterows.state_rows_batch([p], names)[0])
                 except errors.RingCorrupt as e:
                     self._broken(t, e)
-                    rows.append(livestate.EMPTY)
+                    rows.append(staterows.EMPTY)
         for (t, (p, ops)), r in zip(read, rows, strict=True):
             w = t.workload
             if t.reader is None:
@@ -314,10 +302,10 @@ class Sampler:
             else:
                 self.window.add(p.rank, workload=w, states=r.states, flows=r.flows, ops=ops)
 
-    def _names_of(self, workload: str) -> livestate.Names:
+    def _names_of(self, workload: str) -> staterows.Names:
         names = self._names.get(workload)
         if names is None:
-            names = self._names[workload] = livestate.Names(
+            names = self._names[workload] = staterows.Names(
                 self.window.comm_ids, self.window.strings
             )
         return names
@@ -331,7 +319,7 @@ class Sampler:
         except OSError:
             t.failed_stat = None
 
-    def _learn_comms(self, t: Tracked, copies: ringstate.Copies, rank: int | None) -> None:
+    def _learn_comms(self, t: Tracked, copies: livestate.Copies, rank: int | None) -> None:
         c = copies.comms
         # Slot states and generations change only at communicator init and finalize: compare
         # their bytes first, decode the keys only when they moved (most ticks: they did not).
@@ -347,7 +335,7 @@ class Sampler:
         if stamp == t.comm_stamp:
             return
         t.comm_stamp = stamp
-        live = np.flatnonzero((c["state"] != ringlayout.COMM_FREE) & ~copies.torn_comms)
+        live = np.flatnonzero((c["state"] != layout.COMM_FREE) & ~copies.torn_comms)
         keys = frozenset(
             zip(
                 c["comm_hash"][live].tolist(),
@@ -364,9 +352,9 @@ class Sampler:
         names = self._names_of(t.workload)
         for h, comm_rank, _ in keys:
             names.learn_peer(h, comm_rank, rank)
-        self.window.add_comms(livestate.comm_records(t.path, rank, copies), workload=t.workload)
+        self.window.add_comms(staterows.comm_records(t.path, rank, copies), workload=t.workload)
 
-    def _op_rows(self, t: Tracked, rank: int, events: list[ringevents.Event]) -> tables.Table:
+    def _op_rows(self, t: Tracked, rank: int, events: list[eventlog.Event]) -> tables.Table:
         names = self._names_of(t.workload)
         rows, inits = eventrows.op_rows(rank, events, names, self.window.strings)
         if inits:
@@ -374,7 +362,7 @@ class Sampler:
         return rows
 
 
-def _health(status: ringstate.Status, now_ns: int, stale_after_s: float) -> str:
+def _health(status: livestate.Status, now_ns: int, stale_after_s: float) -> str:
     if status.comms_open == 0 and status.comms_total > 0:
         return "finalized"
     if now_ns - status.heartbeat_ns > stale_after_s * _NS:

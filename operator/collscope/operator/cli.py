@@ -24,7 +24,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from collscope.nodeagent import ring, ringrecords, ringstate, version
+from collscope.nodeagent import errors as agent_errors
+from collscope.nodeagent import ring, version
 from collscope.nodeagent.bundle import reader, writer
 from collscope.operator import (
     errors,
@@ -459,84 +460,15 @@ def _cmd_ring_dump(args: argparse.Namespace) -> int:
     if args.rank is not None and len(args.rings) != 1:
         print("collscope ring: error: --rank needs exactly one FILE", file=sys.stderr)
         return EXIT_BAD_INPUT
-    dumps = []
-    for path in args.rings:
-        with ring.open(path) as r:
-            rank = r.identity.rank if r.identity.rank is not None else args.rank
-            if rank is None:
-                print(
-                    f"collscope ring: error: {path}: RANK was not set in the writing "
-                    "process; pass --rank",
-                    file=sys.stderr,
-                )
-                return EXIT_BAD_INPUT
-            snap = r.snapshot()
-            # a dump is often a post-mortem: an append cut short by death must not hide the rest
-            events, _, missed = r.events_since(0, skip_pending=True)
-            dumps.append((r.identity, rank, snap, events, missed))
-    peers: dict[tuple[int, int], int] = {}
-    for _, rank, snap, events, _ in dumps:
-        peers |= ringrecords.peer_ranks(rank, snap, events)
-    for identity, rank, snap, events, missed in dumps:
-        records = [
-            *ringrecords.comm_records(rank, snap, events),
-            *ringrecords.op_records(rank, identity.path, events, peers),
-            *ringrecords.state_records(rank, snap, peers),
-        ]
-        for rec in records:
-            print(rec.model_dump_json(exclude_none=True))
-        unknown = ringrecords.untranslated(snap, events, peers)
-        print(
-            _ring_summary(
-                identity, rank, snap, n_events=len(events), missed=missed, unknown=unknown
-            ),
-            file=sys.stderr,
-        )
+    try:
+        for dump in ring.dump(args.rings, rank=args.rank):
+            for rec in dump.records:
+                print(rec.model_dump_json(exclude_none=True))
+            print(dump.summary(), file=sys.stderr)
+    except agent_errors.RingRankUnset as e:
+        print(f"collscope ring: error: {e}; pass --rank", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return EXIT_OK
-
-
-def _ring_summary(
-    i: ring.Identity,
-    rank: int,
-    snap: ringstate.Snapshot,
-    *,
-    n_events: int,
-    missed: int,
-    unknown: set[tuple[int, int]],
-) -> str:
-    st = snap.status
-    age_s = (snap.taken_ns - st.heartbeat_ns) / 1e9
-    comms = ", ".join(
-        f"{ringrecords.comm_hex(c.comm_hash)} rank {c.rank}/{c.nranks} {c.state}"
-        + (f" '{c.name}'" if c.name else "")
-        for c in snap.comms
-    )
-    lines = [
-        f"{i.path}: pid {i.pid}, rank {rank} (local {_unset(i.local_rank)}, world "
-        f"{_unset(i.world_size)}), "
-        f"host {i.hostname or '?'}, pod {i.pod_namespace or '?'}/{i.pod_name or '?'}, "
-        f"node {i.node_name or '?'}",
-        f"  NCCL {i.nccl_version or '?'}, plugin {i.plugin_version}, profiler API "
-        f"v{st.profiler_api}, ring {st.state}, heartbeat {age_s:.1f}s ago, "
-        f"{st.comms_open} of {st.comms_total} communicators open",
-        f"  events: {st.events_written} written, {n_events} read, {missed} overwritten "
-        f"before read (ring of {i.event_slots}), {st.events_dropped} completions dropped",
-        f"  exhausted: comm slots {st.comm_slots_exhausted}, flow slots "
-        f"{st.flow_slots_exhausted}, op slots busy {st.op_slots_busy}, handles "
-        f"{st.handles_exhausted}; PXN foreign {st.pxn_foreign_events}, stale flow events "
-        f"{st.stale_flow_events}",
-        f"  live: {comms or 'no communicator'}; snapshot "
-        + ("consistent" if snap.consistent else f"INCONSISTENT ({snap.torn} torn slots)"),
-    ]
-    if unknown:
-        lines.append(
-            f"  {len(unknown)} peer(s) left as communicator ranks (their rings were not given)"
-        )
-    return "\n".join(lines)
-
-
-def _unset(value: int | None) -> str:
-    return "?" if value is None else str(value)
 
 
 def verdict(diag: diagnosis.Diagnosis, t: truth.Truth) -> bool:

@@ -22,8 +22,9 @@ from typing import Any
 import pydantic
 import pytest
 
-from collscope.nodeagent import ring, ringevents, ringlayout, ringrecords
+from collscope.nodeagent import ring
 from collscope.nodeagent.bundle import models
+from collscope.nodeagent.ring import eventlog, layout, records
 
 Nccl = Any  # conftest.Nccl: conftest modules cannot be imported under --import-mode=importlib
 Load = Callable[[int], Any]
@@ -155,7 +156,7 @@ def test_init_writes_identity_mask_and_comm(api: int, load: Load, trace_dir: pat
         events, cursor, missed = r.events_since(0)
         assert (cursor, missed) == (1, 0)
         assert events == [
-            ringevents.CommEvent(
+            eventlog.CommEvent(
                 index=0,
                 kind="init",
                 comm_hash=COMM,
@@ -181,9 +182,9 @@ def test_ring_allreduce_completes_at_its_last_child(
         events, cursor, missed = r.events_since(1)
         assert (cursor, missed) == (2, 0)
         (e,) = events
-        assert isinstance(e, ringevents.OpEvent)
-        flags = ringlayout.OPF_KERNEL | ringlayout.OPF_PROXY | ringlayout.OPF_GPU_TIMED
-        assert e == ringevents.OpEvent(
+        assert isinstance(e, eventlog.OpEvent)
+        flags = layout.OPF_KERNEL | layout.OPF_PROXY | layout.OPF_GPU_TIMED
+        assert e == eventlog.OpEvent(
             index=1,
             comm_hash=COMM,
             comm_slot=0,
@@ -222,7 +223,7 @@ def test_ring_allreduce_completes_at_its_last_child(
         assert (st.events_written, st.events_overwritten, st.events_dropped) == (2, 0, 0)
         assert (st.handles_exhausted, st.flow_slots_exhausted, st.op_slots_busy) == (0, 0, 0)
         assert (st.pxn_foreign_events, st.stale_flow_events, st.comm_slots_exhausted) == (0, 0, 0)
-        assert ringrecords.state_records(5, snap, {}) == []
+        assert records.state_records(5, snap, {}) == []
 
 
 def test_stalled_peer_shows_in_the_live_state(load: Load, trace_dir: pathlib.Path) -> None:
@@ -277,10 +278,10 @@ def test_stalled_peer_shows_in_the_live_state(load: Load, trace_dir: pathlib.Pat
         (1, "send"): ("done", 8, 0),
         (1, "recv"): ("done", 8, 8),
     }
-    peers = ringrecords.peer_ranks(5, snap)
+    peers = records.peer_ranks(5, snap)
     assert peers == {(COMM, 1): 5}
-    assert ringrecords.untranslated(snap, [], peers) == {(COMM, 0), (COMM, 2)}
-    (state,) = ringrecords.state_records(5, snap, {(COMM, 0): 4, (COMM, 2): 6})
+    assert records.untranslated(snap, [], peers) == {(COMM, 0), (COMM, 2)}
+    (state,) = records.state_records(5, snap, {(COMM, 0): 4, (COMM, 2): 6})
     got = state.model_dump(exclude_none=True)
     idle = {(f["channel"], f["dir"]): f.pop("idle_ns") for f in got["flows"]}
     for key, value in idle.items():
@@ -291,7 +292,7 @@ def test_stalled_peer_shows_in_the_live_state(load: Load, trace_dir: pathlib.Pat
         "type": "state",
         "rank": 5,
         "ts": snap.taken_ns,
-        "comm": ringrecords.comm_hex(COMM),
+        "comm": records.comm_hex(COMM),
         "seq": 7,
         "op": "AllReduce",
         "bytes": 2 << 20,
@@ -339,21 +340,19 @@ def test_point_to_point_records_their_peer_and_own_count(
     with the_ring(trace_dir) as r:
         events, _, _ = r.events_since(1)
         snap = r.snapshot()
-    flags = (
-        ringlayout.OPF_P2P | ringlayout.OPF_KERNEL | ringlayout.OPF_PROXY | ringlayout.OPF_GPU_TIMED
-    )
-    assert all(isinstance(e, ringevents.OpEvent) for e in events)
-    ops = [e for e in events if isinstance(e, ringevents.OpEvent)]
+    flags = layout.OPF_P2P | layout.OPF_KERNEL | layout.OPF_PROXY | layout.OPF_GPU_TIMED
+    assert all(isinstance(e, eventlog.OpEvent) for e in events)
+    ops = [e for e in events if isinstance(e, eventlog.OpEvent)]
     assert [(e.op, e.seq, e.peer, e.bytes, e.algo, e.proto, e.flags) for e in ops] == [
         ("Send", 0, 3, 1024, "", "", flags),
         ("Recv", 0, 3, 1024, "", "", flags),
         ("Send", 1, 3, 1024, "", "", flags),
     ]
-    records = ringrecords.op_records(5, "ring", events, {(COMM, 3): 7})
-    assert [r.peer for r in records] == [7, 7, 7]
+    translated = records.op_records(5, "ring", events, {(COMM, 3): 7})
+    assert [r.peer for r in translated] == [7, 7, 7]
     (c,) = snap.comms
     assert (c.enqueued[6], c.enqueued[7], c.completed[6], c.completed[7]) == (2, 1, 2, 1)
-    assert ringrecords.comm_records(5, snap, events)[0].name == ""
+    assert records.comm_records(5, snap, events)[0].name == ""
 
 
 def test_op_without_children_ends_at_enqueue(load: Load, trace_dir: pathlib.Path) -> None:
@@ -366,8 +365,8 @@ def test_op_without_children_ends_at_enqueue(load: Load, trace_dir: pathlib.Path
     after = time.time_ns()
     with the_ring(trace_dir) as r:
         (e,) = r.events_since(1)[0]
-    assert isinstance(e, ringevents.OpEvent)
-    assert (e.op, e.flags, e.nchannels, e.gpu_ns) == ("Broadcast", ringlayout.OPF_NO_CHILDREN, 0, 0)
+    assert isinstance(e, eventlog.OpEvent)
+    assert (e.op, e.flags, e.nchannels, e.gpu_ns) == ("Broadcast", layout.OPF_NO_CHILDREN, 0, 0)
     assert before <= e.end_ns <= after
 
 
@@ -387,8 +386,8 @@ def test_pxn_events_from_another_process_are_ignored(load: Load, trace_dir: path
         (e,) = r.events_since(1)[0]
     assert snap.status.pxn_foreign_events == 1
     assert snap.comms[0].flows == ()
-    assert isinstance(e, ringevents.OpEvent)
-    assert (e.op, e.flags) == ("AllGather", ringlayout.OPF_KERNEL | ringlayout.OPF_GPU_TIMED)
+    assert isinstance(e, eventlog.OpEvent)
+    assert (e.op, e.flags) == ("AllGather", layout.OPF_KERNEL | layout.OPF_GPU_TIMED)
 
 
 def test_concurrent_proxy_threads(load: Load, trace_dir: pathlib.Path) -> None:
@@ -420,7 +419,7 @@ def test_concurrent_proxy_threads(load: Load, trace_dir: pathlib.Path) -> None:
     with the_ring(trace_dir) as r:
         snap = r.snapshot()
         events, _, _ = r.events_since(1)
-    assert [(e.op, e.seq) for e in events if isinstance(e, ringevents.OpEvent)] == [
+    assert [(e.op, e.seq) for e in events if isinstance(e, eventlog.OpEvent)] == [
         ("ReduceScatter", 1)
     ]
     (c,) = snap.comms
@@ -448,7 +447,7 @@ def test_full_event_ring_overwrites_the_oldest(
         events, cursor, missed = r.events_since(0)
     assert (len(events), cursor, missed) == (1600, 1651, 51)
     assert [e.index for e in events] == list(range(51, 1651))
-    assert [e.seq for e in events if isinstance(e, ringevents.OpEvent)] == list(range(50, 1650))
+    assert [e.seq for e in events if isinstance(e, eventlog.OpEvent)] == list(range(50, 1650))
 
 
 def test_finalize_leaves_a_readable_ring(load: Load, trace_dir: pathlib.Path) -> None:

@@ -1,6 +1,6 @@
 """A ring file built in Python, field by field, as the plugin would leave it.
 
-The builder writes through ``ringlayout``'s dtypes: a layout error there is caught by
+The builder writes through ``layout``'s dtypes: a layout error there is caught by
 ``test_ringlayout.py`` (compiled against the C header) and by the plugin tests in
 ``tests/unit/native``, not here. These fixtures let the reader's logic be tested exactly, with
 no compiler, including states the plugin reaches only by racing or dying.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collscope.nodeagent import ringlayout
+from collscope.nodeagent.ring import layout
 from collscope.operator.onebox import nccl as abi
 
 # Any fixed epoch time works; a realistic one keeps 19-digit timestamps.
@@ -28,31 +28,31 @@ class RingBuilder:
     """The three regions as numpy arrays; tests set fields, then ``write`` the file."""
 
     def __init__(self, event_slots: int = EVENT_SLOTS) -> None:
-        self.header = np.zeros(1, ringlayout.HEADER)
-        self.comms = np.zeros(ringlayout.COMM_SLOTS, ringlayout.COMM_SLOT)
-        self.events = np.zeros(event_slots, ringlayout.EVENT)
-        comm_offset = ringlayout.HEADER_BYTES
+        self.header = np.zeros(1, layout.HEADER)
+        self.comms = np.zeros(layout.COMM_SLOTS, layout.COMM_SLOT)
+        self.events = np.zeros(event_slots, layout.EVENT)
+        comm_offset = layout.HEADER_BYTES
         event_offset = comm_offset + self.comms.nbytes
         h = self.header[0]
         for name, value in {
-            "magic": ringlayout.MAGIC,
-            "version": ringlayout.VERSION,
-            "header_size": ringlayout.HEADER_BYTES,
+            "magic": layout.MAGIC,
+            "version": layout.VERSION,
+            "header_size": layout.HEADER_BYTES,
             "file_size": event_offset + self.events.nbytes,
-            "state": ringlayout.RING_STATE_ACTIVE,
+            "state": layout.RING_STATE_ACTIVE,
             "profiler_api": 5,
             "comm_region_offset": comm_offset,
             "comm_region_size": self.comms.nbytes,
-            "comm_slot_count": ringlayout.COMM_SLOTS,
-            "comm_slot_size": ringlayout.COMM_SLOT.itemsize,
-            "op_slots_per_comm": ringlayout.OPS_PER_COMM,
-            "flow_slots_per_comm": ringlayout.FLOWS_PER_COMM,
+            "comm_slot_count": layout.COMM_SLOTS,
+            "comm_slot_size": layout.COMM_SLOT.itemsize,
+            "op_slots_per_comm": layout.OPS_PER_COMM,
+            "flow_slots_per_comm": layout.FLOWS_PER_COMM,
             "event_region_offset": event_offset,
             "event_region_size": self.events.nbytes,
             "event_slot_count": event_slots,
-            "event_record_size": ringlayout.EVENT_BYTES,
-            "op_slot_size": ringlayout.OP_SLOT.itemsize,
-            "flow_slot_size": ringlayout.FLOW_SLOT.itemsize,
+            "event_record_size": layout.EVENT_BYTES,
+            "op_slot_size": layout.OP_SLOT.itemsize,
+            "flow_slot_size": layout.FLOW_SLOT.itemsize,
             "pid": 4242,
             "rank": 3,
             "local_rank": 3,
@@ -78,7 +78,7 @@ class RingBuilder:
         """An active communicator: rank 1 of 4 on 2 nodes, named "dp0", unless ``fields``."""
         c = self.comms[slot]
         values = {
-            "state": ringlayout.COMM_ACTIVE,
+            "state": layout.COMM_ACTIVE,
             "comm_hash": COMM,
             "rank": 1,
             "nranks": 4,
@@ -97,7 +97,7 @@ class RingBuilder:
         """An AllReduce in flight (serial 0, seq 17, 4 MiB of float32, Ring/Simple, 2 ch)."""
         o = self.comms[comm]["ops"][slot]
         values = {
-            "state": ringlayout.OP_ACTIVE,
+            "state": layout.OP_ACTIVE,
             "serial": 0,
             "seq": 17,
             "bytes": 4 << 20,
@@ -118,9 +118,9 @@ class RingBuilder:
         """A running send flow on channel 0 to comm rank 2 of op serial 0, 8 chunks."""
         f = self.comms[comm]["flows"][slot]
         values = {
-            "dir": ringlayout.DIR_SEND,
+            "dir": layout.DIR_SEND,
             "channel": 0,
-            "state": ringlayout.FLOW_RUNNING,
+            "state": layout.FLOW_RUNNING,
             "peer": 2,
             "key": 1,
             "serial": 0,
@@ -137,17 +137,17 @@ class RingBuilder:
 
     def event(self, index: int, kind: str = "op", **fields: Any) -> Any:
         """Record number ``index`` (committed) in its slot; advances ``events_written``."""
-        dtype = ringlayout.OP_RECORD if kind == "op" else ringlayout.COMM_RECORD
+        dtype = layout.OP_RECORD if kind == "op" else layout.COMM_RECORD
         r = np.zeros(1, dtype)[0]
         if kind == "op":
             values: dict[str, Any] = {
-                "type": ringlayout.EV_OP,
+                "type": layout.EV_OP,
                 "func": 1,
                 "algo": 2,
                 "proto": 3,
                 "nchannels": 2,
                 "dtype": 8,
-                "flags": ringlayout.OPF_KERNEL | ringlayout.OPF_PROXY,
+                "flags": layout.OPF_KERNEL | layout.OPF_PROXY,
                 "comm_slot": 0,
                 "comm_hash": COMM,
                 "seq": index,
@@ -158,7 +158,7 @@ class RingBuilder:
             }
         else:
             values = {
-                "type": ringlayout.EV_COMM_INIT if kind == "init" else ringlayout.EV_COMM_FINALIZE,
+                "type": layout.EV_COMM_INIT if kind == "init" else layout.EV_COMM_FINALIZE,
                 "profiler_api": 5,
                 "comm_slot": 0,
                 "comm_hash": COMM,
@@ -196,7 +196,7 @@ def scenario() -> RingBuilder:
     behind it, serial 0 (seq 16) done; the event ring holds the comm init and seqs 15, 16."""
     b = RingBuilder()
     b.comm(ops_started=3, ops_completed=2)
-    b.op(slot=0, serial=0, seq=16, state=ringlayout.OP_DONE, end_ns=T0 + 900_000)
+    b.op(slot=0, serial=0, seq=16, state=layout.OP_DONE, end_ns=T0 + 900_000)
     b.op(slot=1, serial=2, seq=18, start_ns=T0 + 3_000_000)
     b.op(slot=2, serial=1, seq=17, kch_started=2, kch_done=1)
     b.flow(slot=0, serial=1, channel=0, peer=2)
@@ -205,7 +205,7 @@ def scenario() -> RingBuilder:
         serial=1,
         channel=0,
         peer=0,
-        dir=ringlayout.DIR_RECV,
+        dir=layout.DIR_RECV,
         c_ready_posted=8,
         c_sent_done=4,
         c_done_consumed=4,
@@ -217,14 +217,14 @@ def scenario() -> RingBuilder:
         serial=1,
         channel=1,
         peer=0,
-        dir=ringlayout.DIR_RECV,
-        state=ringlayout.FLOW_DONE,
+        dir=layout.DIR_RECV,
+        state=layout.FLOW_DONE,
         c_ready_posted=8,
         c_sent_done=8,
         c_done_consumed=8,
         last_progress_ns=T0 + 1_500_000,
     )
-    b.flow(slot=4, serial=0, channel=2, peer=2, state=ringlayout.FLOW_DONE)  # serial 0 only
+    b.flow(slot=4, serial=0, channel=2, peer=2, state=layout.FLOW_DONE)  # serial 0 only
     b.event(0, "init")
     b.event(1, seq=15)
     b.event(2, seq=16)

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from collscope.nodeagent import liveness, ring, ringstate, sampler, service, settings, window
+from collscope.nodeagent import liveness, ring, sampler, service, settings, window
+from collscope.nodeagent.ring import livestate
 
 S = 1_000_000_000
 BOOT_S = 1_700_000_000  # btime of the fake /proc: the machine booted then
@@ -120,8 +121,8 @@ def identity(rank: int, pid: int, init_ns: int) -> ring.Identity:
     )  # fmt: skip
 
 
-def status(heartbeat_ns: int, *, comms_open: int = 1) -> ringstate.Status:
-    return ringstate.Status(
+def status(heartbeat_ns: int, *, comms_open: int = 1) -> livestate.Status:
+    return livestate.Status(
         state="active" if comms_open else "idle", profiler_api=5, events_written=0,
         events_overwritten=0, events_dropped=0, comm_slots_exhausted=0,
         flow_slots_exhausted=0, op_slots_busy=0, handles_exhausted=0, pxn_foreign_events=0,

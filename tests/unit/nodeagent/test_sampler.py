@@ -9,8 +9,9 @@ import threading
 import time
 from typing import Any
 
-from collscope.nodeagent import discovery, ringlayout, sampler, settings, window
+from collscope.nodeagent import discovery, sampler, settings, window
 from collscope.nodeagent.bundle import models
+from collscope.nodeagent.ring import layout
 
 UIDS = ("0a0a0a0a-1111-2222-3333-444444444444", "0b0b0b0b-1111-2222-3333-444444444444")
 VOLUME = "collscope-trace"
@@ -202,7 +203,7 @@ def test_dead_writer_is_still_sampled_and_vanished_rings_retire(
 def _erase_rank(ring_dir: pathlib.Path) -> None:
     """Make the header say rank -1, as the plugin writes it when RANK is unset."""
     (path,) = ring_dir.glob("*.ring")
-    fields = ringlayout.HEADER.fields
+    fields = layout.HEADER.fields
     assert fields is not None
     offset = fields["rank"][1]
     with path.open("r+b") as f:

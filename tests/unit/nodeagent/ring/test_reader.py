@@ -13,14 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from collscope.nodeagent import errors, ring, ringevents, ringlayout
+from collscope.nodeagent import errors, ring
+from collscope.nodeagent.ring import eventlog, layout, reader
 
 T0 = 1_732_001_234_000_000_000  # the conftest epoch
 COMM = 0x1F3A_0000_BEEF  # the conftest communicator
 NOW = T0 + 3_000_000_000  # the injected clock: 3 s after T0
 Builder = Any  # conftest.RingBuilder: conftest modules cannot be imported under importlib mode
-COMM_BASE = ringlayout.HEADER_BYTES  # where the builder puts the live region
-EVENT_BASE = COMM_BASE + ringlayout.COMM_SLOTS * ringlayout.COMM_SLOT.itemsize
+COMM_BASE = layout.HEADER_BYTES  # where the builder puts the live region
+EVENT_BASE = COMM_BASE + layout.COMM_SLOTS * layout.COMM_SLOT.itemsize
 
 
 def open_ring(b: Builder, tmp_path: pathlib.Path) -> ring.Ring:
@@ -132,8 +133,8 @@ def test_free_comm_slots_and_empty_ops_are_left_out(
     builder: Builder, tmp_path: pathlib.Path
 ) -> None:
     builder.comm(slot=3)
-    builder.op(comm=3, slot=0, state=ringlayout.OP_CLAIMING, func=200)  # being filled: ignored
-    builder.comm(slot=5, state=ringlayout.COMM_FINALIZED, finalize_ns=T0 + 5)
+    builder.op(comm=3, slot=0, state=layout.OP_CLAIMING, func=200)  # being filled: ignored
+    builder.comm(slot=5, state=layout.COMM_FINALIZED, finalize_ns=T0 + 5)
     with open_ring(builder, tmp_path) as r:
         snap = r.snapshot()
     assert [(c.slot, c.state, c.ops, c.finalize_ns) for c in snap.comms] == [
@@ -171,10 +172,10 @@ WRITER = textwrap.dedent(
     import mmap, sys, time
     import numpy as np
     sys.path[:0] = ["nodeagent"]
-    from collscope.nodeagent import ringlayout
+    from collscope.nodeagent.ring import layout
     f = open(sys.argv[1], "r+b")
     mm = mmap.mmap(f.fileno(), 0)
-    comms = np.frombuffer(mm, ringlayout.COMM_SLOT, count=16, offset=ringlayout.HEADER_BYTES)
+    comms = np.frombuffer(mm, layout.COMM_SLOT, count=16, offset=layout.HEADER_BYTES)
     flow = comms[0:1]["flows"][0, 0:1]
     print("ready", flush=True)
     k = 0
@@ -203,7 +204,7 @@ def test_snapshots_under_a_live_writer_are_consistent(
     flow = scenario.comms[0]["flows"][0]
     flow["c_ready_posted"] = flow["c_sent_done"] = flow["c_done_consumed"] = 0
     path = scenario.write(tmp_path / "r.ring")
-    root = pathlib.Path(__file__).resolve().parents[3]
+    root = pathlib.Path(__file__).resolve().parents[4]
     with subprocess.Popen(
         [sys.executable, "-c", WRITER, str(path), "1.0"],
         cwd=root,
@@ -233,7 +234,7 @@ def test_events_since_delivers_in_write_order(scenario: Builder, tmp_path: pathl
         events, cursor, missed = r.events_since(0)
         assert (cursor, missed) == (3, 0)
         init, a, b = events
-        assert init == ringevents.CommEvent(
+        assert init == eventlog.CommEvent(
             index=0,
             kind="init",
             comm_hash=COMM,
@@ -245,7 +246,7 @@ def test_events_since_delivers_in_write_order(scenario: Builder, tmp_path: pathl
             time_ns=T0,
             name="dp0",
         )
-        assert a == ringevents.OpEvent(
+        assert a == eventlog.OpEvent(
             index=1,
             comm_hash=COMM,
             comm_slot=0,
@@ -256,13 +257,13 @@ def test_events_since_delivers_in_write_order(scenario: Builder, tmp_path: pathl
             algo="Ring",
             proto="Simple",
             nchannels=2,
-            flags=ringlayout.OPF_KERNEL | ringlayout.OPF_PROXY,
+            flags=layout.OPF_KERNEL | layout.OPF_PROXY,
             start_ns=T0 + 1_000_000,
             end_ns=T0 + 1_500_000,
             peer=None,
             gpu_ns=0,
         )
-        assert isinstance(b, ringevents.OpEvent) and b.seq == 16
+        assert isinstance(b, eventlog.OpEvent) and b.seq == 16
         assert r.events_since(cursor) == ([], 3, 0)
         assert r.events_since(2)[0] == [b]
 
@@ -270,20 +271,20 @@ def test_events_since_delivers_in_write_order(scenario: Builder, tmp_path: pathl
 def test_records_read_in_chunks_are_the_same(
     scenario: Builder, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Records are copied ``ringevents.CHUNK`` at a time (bounded copies of a 256 MiB ring)."""
+    """Records are copied ``eventlog.CHUNK`` at a time (bounded copies of a 256 MiB ring)."""
     with open_ring(scenario, tmp_path) as r:
         whole = r.events_since(0)
-    monkeypatch.setattr(ringevents, "CHUNK", 1)
+    monkeypatch.setattr(eventlog, "CHUNK", 1)
     with open_ring(scenario, tmp_path) as r:
         assert r.events_since(0) == whole
 
 
 def test_point_to_point_record_carries_its_peer(builder: Builder, tmp_path: pathlib.Path) -> None:
-    builder.event(0, func=6, flags=ringlayout.OPF_P2P, peer=3, comm_slot=ringlayout.NO_SLOT)
+    builder.event(0, func=6, flags=layout.OPF_P2P, peer=3, comm_slot=layout.NO_SLOT)
     builder.event(1, func=1, peer=3)  # a collective's peer field is not a peer
     with open_ring(builder, tmp_path) as r:
         (send, coll), _, _ = r.events_since(0)
-    assert isinstance(send, ringevents.OpEvent) and isinstance(coll, ringevents.OpEvent)
+    assert isinstance(send, eventlog.OpEvent) and isinstance(coll, eventlog.OpEvent)
     assert (send.op, send.peer, send.comm_slot) == ("Send", 3, None)
     assert coll.peer is None
 
@@ -304,7 +305,7 @@ def test_a_record_not_yet_committed_ends_the_read(builder: Builder, tmp_path: pa
     for i in range(8):
         builder.event(i)
     builder.events[5]["raw"][:8] = np.frombuffer(
-        np.uint64(ringlayout.EVENT_IDX_BUSY).tobytes(), np.uint8
+        np.uint64(layout.EVENT_IDX_BUSY).tobytes(), np.uint8
     )
     path = builder.write(tmp_path / "r.ring")
     with ring.open(path) as r:
@@ -381,7 +382,7 @@ def test_only_a_regular_file_is_opened(scenario: Builder, tmp_path: pathlib.Path
     (tmp_path / "dir.ring").mkdir()
     with pytest.raises(errors.RingCorrupt, match="is not a regular file"):
         ring.open(tmp_path / "dir.ring")
-    os.truncate(target, ring.MAX_FILE_BYTES + 1)  # sparse
+    os.truncate(target, reader.MAX_FILE_BYTES + 1)  # sparse
     with pytest.raises(errors.RingCorrupt, match="larger than a plugin writes"):
         ring.open(target)
 
@@ -449,7 +450,7 @@ def _event(index: int, kind: str = "op", **fields: Any) -> Mutate:
 
 
 def _hoff(field: str) -> str:
-    return f"header @{ringlayout.field_offset(ringlayout.HEADER, field):#x} field '{field}'"
+    return f"header @{layout.field_offset(layout.HEADER, field):#x} field '{field}'"
 
 
 CORRUPT = {
@@ -493,7 +494,7 @@ CORRUPT = {
     "op bytes": (_set("op", "bytes", 2**63, (0, 2)), "field 'bytes'"),
     "op start time": (_set("op", "start_ns", -5, (0, 2)), "field 'start_ns'"),
     "p2p op peer": (
-        lambda b: b.op(slot=2, flags=ringlayout.OPF_P2P, peer=4),
+        lambda b: b.op(slot=2, flags=layout.OPF_P2P, peer=4),
         "field 'peer': peer rank 4 is outside [0, 3]",
     ),
     "flow dir": (
@@ -510,11 +511,11 @@ CORRUPT = {
     "event comm slot": (_event(2, comm_slot=16), "field 'comm_slot'"),
     "event seq": (_event(2, seq=2**64 - 1), "field 'seq'"),
     "event end time": (_event(2, end_ns=-1), "field 'end_ns'"),
-    "p2p event peer": (_event(2, flags=ringlayout.OPF_P2P, peer=-1), "field 'peer'"),
+    "p2p event peer": (_event(2, flags=layout.OPF_P2P, peer=-1), "field 'peer'"),
     "comm event ranks": (_event(0, "init", nranks=0), "field 'nranks'"),
     "comm event nodes": (_event(0, "init", nnodes=0), "field 'nnodes'"),
     "comm event name": (
-        _event(0, "init", name=b"x" * ringlayout.COMM_RECORD_NAME_LEN),
+        _event(0, "init", name=b"x" * layout.COMM_RECORD_NAME_LEN),
         "field 'name'",
     ),
 }
@@ -535,13 +536,13 @@ def test_corruption_is_reported_precisely(
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("version", [1, ringlayout.VERSION + 1])
+@pytest.mark.parametrize("version", [1, layout.VERSION + 1])
 def test_unknown_version_is_a_version_mismatch(
     version: int, scenario: Builder, tmp_path: pathlib.Path
 ) -> None:
     """A newer layout and the older version 1 (different op slot and comm record) alike."""
     scenario.header[0]["version"] = version
-    want = f"version {version}, this reader reads version {ringlayout.VERSION}"
+    want = f"version {version}, this reader reads version {layout.VERSION}"
     with pytest.raises(errors.RingVersionMismatch, match=want):
         open_ring(scenario, tmp_path)
 
@@ -583,7 +584,7 @@ def test_file_shrunk_while_open_is_corrupt_not_sigbus(
     # In a subprocess: reading a mapping past the end of its file is SIGBUS, which would kill
     # the test runner instead of failing this test.
     path = scenario.write(tmp_path / "r.ring")
-    root = pathlib.Path(__file__).resolve().parents[3]
+    root = pathlib.Path(__file__).resolve().parents[4]
     res = subprocess.run(
         [sys.executable, "-c", SHRINK, str(path)],
         cwd=root,
@@ -630,7 +631,7 @@ def test_comm_record_name_holds_23_bytes(scenario: Builder, tmp_path: pathlib.Pa
     with open_ring(scenario, tmp_path) as r:
         events, _, _ = r.events_since(0)
     init = events[0]
-    assert isinstance(init, ringevents.CommEvent)
+    assert isinstance(init, eventlog.CommEvent)
     assert (init.name, init.rank, init.nranks, init.nnodes) == ("tensor-parallel-group-0", 1, 4, 2)
 
 
@@ -641,7 +642,7 @@ def test_queued_flow_counters_read_as_zero(scenario: Builder, tmp_path: pathlib.
         slot=9,
         channel=3,
         serial=2,
-        state=ringlayout.FLOW_QUEUED,
+        state=layout.FLOW_QUEUED,
         total=4,
         started=8,
         c_ready_posted=8,

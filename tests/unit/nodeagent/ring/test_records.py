@@ -1,4 +1,4 @@
-"""ringrecords: ring contents as bundle-v1 comm, op and state records, peers as global ranks."""
+"""records: ring contents as bundle-v1 comm, op and state records, peers as global ranks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 import pydantic
 import pytest
 
-from collscope.nodeagent import errors, ring, ringlayout, ringrecords
+from collscope.nodeagent import errors, ring
 from collscope.nodeagent.bundle import models
+from collscope.nodeagent.ring import layout, records
 
 T0 = 1_732_001_234_000_000_000  # the conftest epoch
 COMM = 0x1F3A_0000_BEEF  # the conftest communicator
@@ -36,7 +37,7 @@ def dumped(records: list[Any]) -> list[dict[str, Any]]:
 
 def test_state_record_of_the_op_in_flight(scenario: Builder, tmp_path: pathlib.Path) -> None:
     snap, _ = read(scenario, tmp_path)
-    assert dumped(ringrecords.state_records(3, snap, PEERS)) == [
+    assert dumped(records.state_records(3, snap, PEERS)) == [
         {
             "type": "state",
             "rank": 3,
@@ -95,38 +96,38 @@ def test_state_record_of_the_op_in_flight(scenario: Builder, tmp_path: pathlib.P
 
 def test_no_state_without_an_op_in_flight(scenario: Builder, tmp_path: pathlib.Path) -> None:
     for slot in (1, 2):
-        scenario.comms[0]["ops"][slot]["state"] = ringlayout.OP_DONE
+        scenario.comms[0]["ops"][slot]["state"] = layout.OP_DONE
     snap, _ = read(scenario, tmp_path)
-    assert ringrecords.state_records(3, snap, PEERS) == []
+    assert records.state_records(3, snap, PEERS) == []
 
 
 def test_flow_details(builder: Builder, tmp_path: pathlib.Path) -> None:
     builder.comm()
     builder.op(serial=4)
     builder.flow(slot=0, serial=4, last_progress_ns=NOW + 5)  # coarse clock ahead: idle 0
-    builder.flow(slot=1, serial=4, channel=1, state=ringlayout.FLOW_FREE)  # not yet taken
+    builder.flow(slot=1, serial=4, channel=1, state=layout.FLOW_FREE)  # not yet taken
     builder.flow(slot=2, serial=3, channel=2)  # an older op's counters
     snap, _ = read(builder, tmp_path)
-    (state,) = ringrecords.state_records(3, snap, {})
+    (state,) = records.state_records(3, snap, {})
     assert [(f.channel, f.peer, f.idle_ns) for f in state.flows] == [(0, 2, 0)]
     assert state.kernel is None  # no KernelCh seen for the op
 
 
 def test_untranslated_peers_keep_their_comm_rank(scenario: Builder, tmp_path: pathlib.Path) -> None:
-    scenario.event(3, func=6, flags=ringlayout.OPF_P2P, peer=3)
+    scenario.event(3, func=6, flags=layout.OPF_P2P, peer=3)
     snap, events = read(scenario, tmp_path)
     peers = {(COMM, 0): 10}
-    assert ringrecords.untranslated(snap, events, peers) == {(COMM, 2), (COMM, 3)}
-    (state,) = ringrecords.state_records(3, snap, peers)
+    assert records.untranslated(snap, events, peers) == {(COMM, 2), (COMM, 3)}
+    (state,) = records.state_records(3, snap, peers)
     assert [f.peer for f in state.flows] == [2, 10, 2, 10]
-    assert ringrecords.untranslated(snap, events, PEERS) == set()
+    assert records.untranslated(snap, events, PEERS) == set()
 
 
 def test_op_records(scenario: Builder, tmp_path: pathlib.Path) -> None:
-    scenario.event(3, func=7, flags=ringlayout.OPF_P2P, peer=2, seq=0, algo=0, proto=0)
+    scenario.event(3, func=7, flags=layout.OPF_P2P, peer=2, seq=0, algo=0, proto=0)
     scenario.event(4, start_ns=T0 + 10, end_ns=T0 + 5)  # clock stepped back by NTP
     _, events = read(scenario, tmp_path)
-    assert dumped(ringrecords.op_records(3, "r.ring", events, PEERS)) == [
+    assert dumped(records.op_records(3, "r.ring", events, PEERS)) == [
         {
             "type": "op",
             "rank": 3,
@@ -199,7 +200,7 @@ def test_comm_records_from_slots_and_from_init_events(
     scenario.event(4, "finalize", comm_hash=0xAB, rank=0, nranks=2, nnodes=1)
     scenario.comm(name=b"a-long-communicator-name")
     snap, events = read(scenario, tmp_path)
-    assert dumped(ringrecords.comm_records(3, snap, events)) == [
+    assert dumped(records.comm_records(3, snap, events)) == [
         {
             "type": "comm",
             "rank": 3,
@@ -221,14 +222,14 @@ def test_comm_records_from_slots_and_from_init_events(
             "name": "a-long-communicator-name",
         },
     ]
-    assert ringrecords.peer_ranks(3, snap, events) == {(COMM, 1): 3, (0xAB, 0): 3}
+    assert records.peer_ranks(3, snap, events) == {(COMM, 1): 3, (0xAB, 0): 3}
 
 
 def test_counters_out_of_order_are_corrupt(scenario: Builder, tmp_path: pathlib.Path) -> None:
     scenario.comms[0]["flows"][0]["c_sent_done"] = 6  # sent 6 > ready 5
     snap, _ = read(scenario, tmp_path)
     with pytest.raises(errors.RingCorrupt) as info:
-        ringrecords.state_records(3, snap, PEERS)
+        records.state_records(3, snap, PEERS)
     message = str(info.value)
     assert message.startswith(f"{tmp_path / 'r.ring'}: comm slot 0 op 2 field 'flows.0.send': ")
     assert "ready >= sent >= done" in message
@@ -240,7 +241,7 @@ def test_torn_flow_out_of_order_is_left_out(scenario: Builder, tmp_path: pathlib
     flow["seqlock"] = 1  # frozen mid-write
     with ring.open(scenario.write(tmp_path / "r.ring"), clock=lambda: NOW) as r:
         snap = r.snapshot(retries=2)
-    (state,) = ringrecords.state_records(3, snap, PEERS)
+    (state,) = records.state_records(3, snap, PEERS)
     assert [(f.channel, f.dir) for f in state.flows] == [(0, "recv"), (1, "send"), (1, "recv")]
 
 
@@ -248,4 +249,4 @@ def test_kernel_done_past_channels_is_corrupt(scenario: Builder, tmp_path: pathl
     scenario.comms[0]["ops"][2]["kch_done"] = 3
     snap, _ = read(scenario, tmp_path)
     with pytest.raises(errors.RingCorrupt, match=r"field 'kernel': .*done 3 > channels 2"):
-        ringrecords.state_records(3, snap, PEERS)
+        records.state_records(3, snap, PEERS)

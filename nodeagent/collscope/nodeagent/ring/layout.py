@@ -2,7 +2,7 @@
 
 The C header is the single source of truth (STYLE habit 11); this module only restates it as
 numpy structured dtypes and Python constants so that ``ring`` can read the file zero-copy.
-``tests/unit/nodeagent/test_ringlayout.py`` compiles a program against the header and checks
+``tests/unit/nodeagent/ring/test_layout.py`` compiles a program against the header and checks
 every size, offset and constant here, so a drift fails a test instead of misreading a file.
 
 File layout (all little-endian, naturally aligned, no pointers)::

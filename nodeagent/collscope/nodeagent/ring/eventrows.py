@@ -2,7 +2,7 @@
 
 Each ``OpEvent`` becomes one ``tables.OP_DTYPE`` row (docs/spec/bundle-v1.md ``op``: ``ts`` = end,
 the end clamped to the start when NTP stepped the clock back between the two, peers mapped to
-global ranks as ``ringrecords.op_records`` maps them); each communicator init becomes a
+global ranks as ``records.op_records`` maps them); each communicator init becomes a
 ``comm`` record and teaches ``names`` its (comm hash, comm rank) -> rank.
 """
 
@@ -13,8 +13,8 @@ from typing import Any, Final
 
 import numpy as np
 
-from collscope.nodeagent import livestate, ringevents, ringrecords
 from collscope.nodeagent.bundle import models, tables
+from collscope.nodeagent.ring import eventlog, records, staterows
 
 _NO_OPS: Final = np.zeros(0, tables.OP_DTYPE)
 _NO_OPS.flags.writeable = False
@@ -22,8 +22,8 @@ _NO_OPS.flags.writeable = False
 
 def op_rows(
     rank: int,
-    events: Sequence[ringevents.Event],
-    names: livestate.Names,
+    events: Sequence[eventlog.Event],
+    names: staterows.Names,
     intern: Callable[[str], int],
 ) -> tuple[tables.Table, list[models.CommRecord]]:
     """``(op rows, comm records)`` of ``events`` read from the ring of ``rank``."""
@@ -32,7 +32,7 @@ def op_rows(
     rows: list[tuple[Any, ...]] = []
     inits: list[models.CommRecord] = []
     for e in events:
-        if isinstance(e, ringevents.OpEvent):
+        if isinstance(e, eventlog.OpEvent):
             end = max(e.end_ns, e.start_ns)
             peer = -1 if e.peer is None else names.peer(e.comm_hash, e.peer)
             rows.append(
@@ -58,7 +58,7 @@ def op_rows(
                 models.CommRecord(
                     rank=rank,
                     ts=e.time_ns,
-                    comm=ringrecords.comm_hex(e.comm_hash),
+                    comm=records.comm_hex(e.comm_hash),
                     comm_rank=e.rank,
                     nranks=e.nranks,
                     nnodes=e.nnodes,

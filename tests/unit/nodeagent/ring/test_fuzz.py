@@ -16,19 +16,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collscope.nodeagent import errors, ring, ringlayout, ringrecords
+from collscope.nodeagent import errors, ring
+from collscope.nodeagent.ring import layout, records
 
 NOW = 1_732_001_237_000_000_000  # 3 s after the conftest epoch
 Builder = Any  # conftest.RingBuilder: conftest modules cannot be imported under importlib mode
-COMM_BASE = ringlayout.HEADER_BYTES
-EVENT_BASE = COMM_BASE + ringlayout.COMM_SLOTS * ringlayout.COMM_SLOT.itemsize
+COMM_BASE = layout.HEADER_BYTES
+EVENT_BASE = COMM_BASE + layout.COMM_SLOTS * layout.COMM_SLOT.itemsize
 # The header's integer fields, the ones a reader trusts to find everything else.
 HEADER_INTS = [
     name
-    for name in ringlayout.HEADER.names or ()
-    if ringlayout.HEADER.fields is not None
-    and ringlayout.HEADER.fields[name][0].kind in "iu"
-    and ringlayout.HEADER.fields[name][0].shape == ()
+    for name in layout.HEADER.names or ()
+    if layout.HEADER.fields is not None
+    and layout.HEADER.fields[name][0].kind in "iu"
+    and layout.HEADER.fields[name][0].shape == ()
 ]
 # Where the scenario's live data and records are: the first comm slot and the first events.
 HOT = [(0, 1024), (COMM_BASE, COMM_BASE + 1536 + 8 * 64), (EVENT_BASE, EVENT_BASE + 8 * 64)]
@@ -36,7 +37,7 @@ HOT = [(0, 1024), (COMM_BASE, COMM_BASE + 1536 + 8 * 64), (EVENT_BASE, EVENT_BAS
 
 def _header_field() -> st.SearchStrategy[tuple[str, str, int]]:
     def value(name: str) -> st.SearchStrategy[tuple[str, str, int]]:
-        size = ringlayout.field_size(ringlayout.HEADER, name)
+        size = layout.field_size(layout.HEADER, name)
         interesting = st.sampled_from([0, 1, 63, 64, 4096, 2**31, 2 ** (8 * size) - 1])
         anything = st.integers(0, 2 ** (8 * size) - 1)
         return st.tuples(st.just("field"), st.just(name), interesting | anything)
@@ -61,8 +62,8 @@ def damage(data: bytes, mutations: list[tuple[str, Any, int]]) -> bytes:
     buf = bytearray(data)
     for kind, where, value in mutations:
         if kind == "field":
-            offset = ringlayout.field_offset(ringlayout.HEADER, where)
-            size = ringlayout.field_size(ringlayout.HEADER, where)
+            offset = layout.field_offset(layout.HEADER, where)
+            size = layout.field_size(layout.HEADER, where)
             if offset + size <= len(buf):
                 buf[offset : offset + size] = value.to_bytes(size, "little")
         elif kind == "byte" and where < len(buf):
@@ -83,11 +84,11 @@ def read_everything(path: pathlib.Path) -> None:
         r.events_since(r.first_cursor())
         r.events_since(0, skip_pending=True)
         rank = r.identity.rank or 0
-        peers = ringrecords.peer_ranks(rank, snap, events)
-        ringrecords.comm_records(rank, snap, events)
-        ringrecords.op_records(rank, str(path), events, peers)
-        ringrecords.state_records(rank, snap, peers)
-        ringrecords.untranslated(snap, events, peers)
+        peers = records.peer_ranks(rank, snap, events)
+        records.comm_records(rank, snap, events)
+        records.op_records(rank, str(path), events, peers)
+        records.state_records(rank, snap, peers)
+        records.untranslated(snap, events, peers)
         for c in snap.comms:
             op = c.in_flight()
             if op is not None:

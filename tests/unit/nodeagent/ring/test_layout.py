@@ -1,4 +1,4 @@
-"""ringlayout mirrors native/include/collscope_ring.h: every size, offset and constant, compiled.
+"""layout mirrors native/include/collscope_ring.h: every size, offset and constant, compiled.
 
 A C program generated from the dtypes prints ``sizeof``/``offsetof`` of every field the reader
 maps and the value of every macro it mirrors; a field the header lacks fails to compile. The
@@ -15,9 +15,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from collscope.nodeagent import ringlayout
+from collscope.nodeagent.ring import layout
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[4]
 HEADER = ROOT / "native" / "include" / "collscope_ring.h"
 # Module constants that are not header macros.
 NOT_MACROS = {"INT64_MAX"}
@@ -41,12 +41,12 @@ SUFFIX = {
 
 def _macros() -> dict[str, int]:
     out = {}
-    for name in dir(ringlayout):
-        value = getattr(ringlayout, name)
+    for name in dir(layout):
+        value = getattr(layout, name)
         if name.isupper() and isinstance(value, int) and name not in NOT_MACROS:
             out[RENAMED.get(name, f"COLLSCOPE_{name}")] = value
     for table, prefix in ENUMS.items():
-        for code, label in enumerate(getattr(ringlayout, table)):
+        for code, label in enumerate(getattr(layout, table)):
             if label is not None:
                 out[prefix + SUFFIX.get(label, label.upper())] = code
     return out
@@ -64,7 +64,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     if cc is None:
         pytest.skip("no C compiler (gcc or cc) on PATH: cannot compile against the ring header")
     lines = []
-    for struct, dtype in ringlayout.STRUCTS.items():
+    for struct, dtype in layout.STRUCTS.items():
         lines.append(f'P("{struct}", sizeof({struct}));')
         for field in _fields(dtype):
             lines.append(f'P("{struct}.{field}@", offsetof({struct}, {field}));')
@@ -96,26 +96,26 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     return {name: int(value) for name, value in (line.rsplit(" ", 1) for line in out.splitlines())}
 
 
-@pytest.mark.parametrize("struct", list(ringlayout.STRUCTS))
+@pytest.mark.parametrize("struct", list(layout.STRUCTS))
 def test_struct_matches_header(struct: str, compiled: dict[str, int]) -> None:
-    dtype = ringlayout.STRUCTS[struct]
+    dtype = layout.STRUCTS[struct]
     assert dtype.itemsize == compiled[struct]
     for field in _fields(dtype):
-        assert ringlayout.field_offset(dtype, field) == compiled[f"{struct}.{field}@"], field
-        assert ringlayout.field_size(dtype, field) == compiled[f"{struct}.{field}#"], field
+        assert layout.field_offset(dtype, field) == compiled[f"{struct}.{field}@"], field
+        assert layout.field_size(dtype, field) == compiled[f"{struct}.{field}#"], field
 
 
 def test_event_union_matches_header(compiled: dict[str, int]) -> None:
-    assert ringlayout.EVENT.itemsize == compiled["union collscope_event"]
+    assert layout.EVENT.itemsize == compiled["union collscope_event"]
     for field in ("idx", "type"):
-        assert ringlayout.field_offset(ringlayout.EVENT, field) == compiled[f"event.{field}@"]
+        assert layout.field_offset(layout.EVENT, field) == compiled[f"event.{field}@"]
 
 
 def test_constants_match_header_macros(compiled: dict[str, int]) -> None:
     macros = _macros()
     assert len(macros) > 60  # every constant above, enumerations included
     wrong = {m: (v, compiled[m]) for m, v in macros.items() if compiled[m] != v}
-    assert not wrong, f"ringlayout value, header value: {wrong}"
+    assert not wrong, f"layout value, header value: {wrong}"
 
 
 def _comment_names(label: str) -> list[list[str]]:
@@ -130,7 +130,7 @@ def test_names_match_header_comments() -> None:
     algo, proto = _comment_names("bundle names:")
     (dtype,) = _comment_names("names:")
     # Code 0 of func is "Unknown" (bundle-v1 needs a non-empty op name); 13 and 14 unassigned.
-    assert ["Unknown", *func[1:13], None, None, func[15]] == list(ringlayout.FUNC_NAMES)
-    assert algo == list(ringlayout.ALGO_NAMES)
-    assert proto == list(ringlayout.PROTO_NAMES)
-    assert dtype == list(ringlayout.DTYPE_NAMES)
+    assert ["Unknown", *func[1:13], None, None, func[15]] == list(layout.FUNC_NAMES)
+    assert algo == list(layout.ALGO_NAMES)
+    assert proto == list(layout.PROTO_NAMES)
+    assert dtype == list(layout.DTYPE_NAMES)

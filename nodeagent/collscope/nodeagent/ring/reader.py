@@ -4,7 +4,7 @@ The plugin (``native/``, issue 3) writes one file per training process: a header
 counters), a live-state region (per communicator the ops in flight and, per (channel, peer,
 direction), the cumulative chunk counters of notes/nccl-profiler.md §4) and a ring of 64-byte
 completion and communicator records. ``native/include/collscope_ring.h`` is the format and its
-reader protocol; ``ringlayout`` mirrors it. Usage::
+reader protocol; ``layout`` mirrors it. Usage::
 
     from collscope.nodeagent import ring
     with ring.open("/run/collscope/collscope-node7-pid4242-0.ring") as r:
@@ -18,7 +18,7 @@ file size. Every read is a ``pread`` into a private copy: a file truncated while
 reads it gives a short read, a ``RingCorrupt`` for that ring (a mapping gave SIGBUS: the
 size check and the copy cannot be made atomic). Every value handed out is checked
 (enumeration codes, ranks, and times: inside ``[plugin init, reader's clock]`` with
-``ringlayout.TIME_SLACK_NS`` either side). Anything off raises
+``layout.TIME_SLACK_NS`` either side). Anything off raises
 ``errors.RingCorrupt`` naming file, region, offset, field and reason; an unknown layout version
 raises ``errors.RingVersionMismatch``. Never ``IndexError``, never garbage.
 
@@ -30,8 +30,8 @@ ordered among themselves, those of successive reads are (each a system call afte
 return; x86-64 does not reorder loads with loads). On a weaker machine (aarch64) a torn copy of
 a slot could in theory pass its seqlock check.
 
-The pieces: ``ringlayout`` (the binary layout and value checks), ``ringstate`` (live state,
-seqlock copies), ``ringevents`` (the event ring), ``ringrecords`` (bundle-v1 records).
+The pieces: ``layout`` (the binary layout and value checks), ``livestate`` (live state,
+seqlock copies), ``eventlog`` (the event ring), ``records`` (bundle-v1 records).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ from typing import Any, Final, Self
 import numpy as np
 import numpy.typing as npt
 
-from collscope.nodeagent import errors, ringevents, ringlayout, ringstate
+from collscope.nodeagent import errors
+from collscope.nodeagent.ring import eventlog, layout, livestate
 
 # Header protocol §1 suggests about 100. The first attempt copies the live communicators
 # (their identities and op slots, and their visible flow slots: ~20 µs), the others only the
@@ -117,10 +118,10 @@ def open(path: str | os.PathLike[str], *, clock: Callable[[], int] = time.time_n
                 region="file",
             )
         size = st.st_size
-        if size < ringlayout.HEADER_BYTES:
+        if size < layout.HEADER_BYTES:
             raise errors.RingCorrupt(
                 name,
-                f"file is {size} bytes, shorter than the {ringlayout.HEADER_BYTES}-byte header",
+                f"file is {size} bytes, shorter than the {layout.HEADER_BYTES}-byte header",
                 region="file",
             )
         if size > MAX_FILE_BYTES:
@@ -159,19 +160,19 @@ class Ring:
         self._layout = _validate_header(path, first, size)
         self.identity = _identity(path, first, self._layout)
         init = self.identity.init_ns
-        until = clock() + ringlayout.TIME_SLACK_NS
-        if not ringlayout.EPOCH_FLOOR_NS <= init <= until:
+        until = clock() + layout.TIME_SLACK_NS
+        if not layout.EPOCH_FLOOR_NS <= init <= until:
             raise errors.RingCorrupt(
                 path,
-                f"plugin init time {init} is outside [{ringlayout.EPOCH_FLOOR_NS}, {until}] "
+                f"plugin init time {init} is outside [{layout.EPOCH_FLOOR_NS}, {until}] "
                 "(2020-01-01 .. the reader's clock + "
-                f"{ringlayout.TIME_SLACK_NS // 10**9} s)",
+                f"{layout.TIME_SLACK_NS // 10**9} s)",
                 region="header",
-                offset=ringlayout.field_offset(ringlayout.HEADER, "init_realtime_ns"),
+                offset=layout.field_offset(layout.HEADER, "init_realtime_ns"),
                 field="init_realtime_ns",
             )
         # Times before this are not plausible: the plugin writes none before its own init.
-        self._floor_ns = init - ringlayout.TIME_SLACK_NS
+        self._floor_ns = init - layout.TIME_SLACK_NS
 
     def __enter__(self) -> Self:
         return self
@@ -190,11 +191,11 @@ class Ring:
         if fd is not None:
             os.close(fd)
 
-    def status(self) -> ringstate.Status:
+    def status(self) -> livestate.Status:
         """The header's live fields now: ring state, API version in use, counters, heartbeat."""
-        return ringstate.status(self.path, self._live())
+        return livestate.status(self.path, self._live())
 
-    def snapshot(self, *, retries: int = SEQLOCK_RETRIES) -> ringstate.Snapshot:
+    def snapshot(self, *, retries: int = SEQLOCK_RETRIES) -> livestate.Snapshot:
         """A copy of the live state, consistent per slot (header protocol §1 and §2).
 
         Each comm identity, op slot and flow slot is taken from an attempt whose seqlock was
@@ -204,28 +205,28 @@ class Ring:
         """
         header = self._live()
         taken_ns = self._clock()
-        status = ringstate.status(self.path, header)
-        copies = ringstate.seqlock_copy(
+        status = livestate.status(self.path, header)
+        copies = livestate.seqlock_copy(
             self._comm_slots, max(1, retries), span=self._span(taken_ns)
         )
-        return ringstate.snapshot(
+        return livestate.snapshot(
             self.path, self._layout.comm_offset, copies, status=status, taken_ns=taken_ns
         )
 
     def live_copies(
         self, *, retries: int = SEQLOCK_RETRIES, with_status: bool = True
-    ) -> tuple[ringstate.Status | None, ringstate.Copies, int]:
+    ) -> tuple[livestate.Status | None, livestate.Copies, int]:
         """``(status, copies, taken_ns)``: what ``snapshot`` decodes, left as numpy slots.
 
-        For readers that decode many rings in bulk (the agent's sampler, ``livestate``); the
+        For readers that decode many rings in bulk (the agent's sampler, ``staterows``); the
         copies follow the same seqlock protocol, their values are not checked yet. The status
         (None unless ``with_status``) costs as much as a quarter of the copy: a 10 Hz reader
         may take it less often.
         """
         header = self._live()
         taken_ns = self._clock()
-        status = ringstate.status(self.path, header) if with_status else None
-        copies = ringstate.seqlock_copy(
+        status = livestate.status(self.path, header) if with_status else None
+        copies = livestate.seqlock_copy(
             self._comm_slots, max(1, retries), span=self._span(taken_ns)
         )
         return status, copies, taken_ns
@@ -237,7 +238,7 @@ class Ring:
 
     def events_since(
         self, cursor: int, *, skip_pending: bool = False
-    ) -> tuple[list[ringevents.Event], int, int]:
+    ) -> tuple[list[eventlog.Event], int, int]:
         """Records with write index >= ``cursor``: ``(records, new_cursor, missed)``.
 
         Follows header protocol §3. ``missed`` counts the records in ``[cursor, new_cursor)``
@@ -256,7 +257,7 @@ class Ring:
                 self.path,
                 f"write index {written} is behind the cursor {cursor}: it went backwards",
                 region="header",
-                offset=ringlayout.field_offset(ringlayout.HEADER, "events_written"),
+                offset=layout.field_offset(layout.HEADER, "events_written"),
                 field="events_written",
             )
         missed = 0
@@ -266,7 +267,7 @@ class Ring:
             start = written - n
         if start == written:
             return [], written, missed
-        records, stop, lost = ringevents.read(
+        records, stop, lost = eventlog.read(
             self.path,
             self._event_records,
             start,
@@ -280,7 +281,7 @@ class Ring:
 
     def _span(self, now_ns: int) -> tuple[int, int]:
         """The times this ring may hold when read at ``now_ns`` (ns, inclusive)."""
-        return self._floor_ns, now_ns + ringlayout.TIME_SLACK_NS
+        return self._floor_ns, now_ns + layout.TIME_SLACK_NS
 
     def _pread(self, size: int, offset: int, region: str) -> bytes:
         """``size`` bytes at ``offset``, or ``RingCorrupt`` when the file ends before them."""
@@ -299,7 +300,7 @@ class Ring:
 
     def _header(self) -> np.void:
         record: np.void = np.frombuffer(
-            self._pread(ringlayout.HEADER_BYTES, 0, "header"), ringlayout.HEADER
+            self._pread(layout.HEADER_BYTES, 0, "header"), layout.HEADER
         )[0]
         return record
 
@@ -318,7 +319,7 @@ class Ring:
                 region="file",
             )
         magic = int(h["magic"])
-        if magic != ringlayout.MAGIC:
+        if magic != layout.MAGIC:
             raise errors.RingCorrupt(
                 self.path,
                 f"magic changed to {magic:#x} while open",
@@ -328,23 +329,23 @@ class Ring:
             )
         return h
 
-    def _comm_slots(self, lo: int, hi: int) -> ringstate.Region:
-        """A copy of comm slots ``[lo, hi)`` (``ringstate.Read``)."""
-        size = ringlayout.COMM_SLOT.itemsize
+    def _comm_slots(self, lo: int, hi: int) -> livestate.Region:
+        """A copy of comm slots ``[lo, hi)`` (``livestate.Read``)."""
+        size = layout.COMM_SLOT.itemsize
         data = self._pread((hi - lo) * size, self._layout.comm_offset + lo * size, "comms")
-        return ringstate.Region(np.frombuffer(data, ringlayout.COMM_SLOT))
+        return livestate.Region(np.frombuffer(data, layout.COMM_SLOT))
 
     def _event_records(self, first: int, count: int) -> npt.NDArray[Any]:
         """A copy of the records of write indices ``[first, first + count)`` in index order
-        (``ringevents.Fetch``): one read, two where the window wraps past the last slot."""
+        (``eventlog.Fetch``): one read, two where the window wraps past the last slot."""
         n, at = self._layout.event_slots, self._layout.event_offset
-        size = ringlayout.EVENT_BYTES
+        size = layout.EVENT_BYTES
         s = first % n
         head = min(count, n - s)
         data = self._pread(head * size, at + s * size, "events")
         if count > head:
             data += self._pread((count - head) * size, at, "events")
-        return np.frombuffer(data, ringlayout.EVENT)
+        return np.frombuffer(data, layout.EVENT)
 
 
 def _validate_header(path: str, h: np.void, size: int) -> _Layout:
@@ -355,7 +356,7 @@ def _validate_header(path: str, h: np.void, size: int) -> _Layout:
             path,
             reason,
             region="header",
-            offset=ringlayout.field_offset(ringlayout.HEADER, field),
+            offset=layout.field_offset(layout.HEADER, field),
             field=field,
         )
 
@@ -367,40 +368,38 @@ def _validate_header(path: str, h: np.void, size: int) -> _Layout:
     magic = int(h["magic"])
     if magic == 0:
         raise corrupt("magic", "is 0: the writer has not finished creating the file; retry later")
-    if magic != ringlayout.MAGIC:
-        raise corrupt(
-            "magic", f"expected {ringlayout.MAGIC:#x}, got {magic:#x}: not a collscope ring"
-        )
-    if int(h["version"]) != ringlayout.VERSION:
-        raise errors.RingVersionMismatch(path, int(h["version"]), ringlayout.VERSION)
-    expect("header_size", ringlayout.HEADER_BYTES)
+    if magic != layout.MAGIC:
+        raise corrupt("magic", f"expected {layout.MAGIC:#x}, got {magic:#x}: not a collscope ring")
+    if int(h["version"]) != layout.VERSION:
+        raise errors.RingVersionMismatch(path, int(h["version"]), layout.VERSION)
+    expect("header_size", layout.HEADER_BYTES)
     file_size = int(h["file_size"])
-    if not ringlayout.HEADER_BYTES <= file_size <= size:
+    if not layout.HEADER_BYTES <= file_size <= size:
         raise corrupt(
             "file_size",
-            f"{file_size} is outside [{ringlayout.HEADER_BYTES}, {size}] (the file's size)",
+            f"{file_size} is outside [{layout.HEADER_BYTES}, {size}] (the file's size)",
         )
-    expect("comm_slot_count", ringlayout.COMM_SLOTS)
-    expect("comm_slot_size", ringlayout.COMM_SLOT.itemsize)
-    expect("op_slots_per_comm", ringlayout.OPS_PER_COMM)
-    expect("flow_slots_per_comm", ringlayout.FLOWS_PER_COMM)
-    expect("op_slot_size", ringlayout.OP_SLOT.itemsize)
-    expect("flow_slot_size", ringlayout.FLOW_SLOT.itemsize)
-    expect("event_record_size", ringlayout.EVENT_BYTES)
-    expect("comm_region_size", ringlayout.COMM_SLOTS * ringlayout.COMM_SLOT.itemsize)
+    expect("comm_slot_count", layout.COMM_SLOTS)
+    expect("comm_slot_size", layout.COMM_SLOT.itemsize)
+    expect("op_slots_per_comm", layout.OPS_PER_COMM)
+    expect("flow_slots_per_comm", layout.FLOWS_PER_COMM)
+    expect("op_slot_size", layout.OP_SLOT.itemsize)
+    expect("flow_slot_size", layout.FLOW_SLOT.itemsize)
+    expect("event_record_size", layout.EVENT_BYTES)
+    expect("comm_region_size", layout.COMM_SLOTS * layout.COMM_SLOT.itemsize)
     n = int(h["event_slot_count"])
     if n < 1:
         raise corrupt("event_slot_count", "is 0: the ring holds no records")
-    expect("event_region_size", n * ringlayout.EVENT_BYTES)
+    expect("event_region_size", n * layout.EVENT_BYTES)
     regions = []
     for name in ("comm", "event"):
         offset = int(h[f"{name}_region_offset"])
         end = offset + int(h[f"{name}_region_size"])
-        if offset % 64 or offset < ringlayout.HEADER_BYTES or end > file_size:
+        if offset % 64 or offset < layout.HEADER_BYTES or end > file_size:
             raise corrupt(
                 f"{name}_region_offset",
                 f"region [{offset}, {end}) is not 64-byte aligned inside "
-                f"[{ringlayout.HEADER_BYTES}, {file_size})",
+                f"[{layout.HEADER_BYTES}, {file_size})",
             )
         regions.append((offset, end))
     (c0, c1), (e0, e1) = regions
@@ -411,12 +410,10 @@ def _validate_header(path: str, h: np.void, size: int) -> _Layout:
     return _Layout(file_size=file_size, comm_offset=c0, event_offset=e0, event_slots=n)
 
 
-def _identity(path: str, h: np.void, layout: _Layout) -> Identity:
+def _identity(path: str, h: np.void, regions: _Layout) -> Identity:
     def text(field: str) -> str:
-        check = ringlayout.Checker(
-            path, "header", ringlayout.field_offset(ringlayout.HEADER, field)
-        )
-        return check.text(field, bytes(h[field]), ringlayout.field_size(ringlayout.HEADER, field))
+        check = layout.Checker(path, "header", layout.field_offset(layout.HEADER, field))
+        return check.text(field, bytes(h[field]), layout.field_size(layout.HEADER, field))
 
     def optional(field: str) -> int | None:
         v = int(h[field])
@@ -438,6 +435,6 @@ def _identity(path: str, h: np.void, layout: _Layout) -> Identity:
         activation_mask=int(h["activation_mask"]),
         init_ns=int(h["init_realtime_ns"]),
         coarse_res_ns=int(h["coarse_res_ns"]),
-        file_size=layout.file_size,
-        event_slots=layout.event_slots,
+        file_size=regions.file_size,
+        event_slots=regions.event_slots,
     )

@@ -1,4 +1,4 @@
-"""ringstate.seqlock_copy: only live slots are copied, they decode as the whole region does, and
+"""livestate.seqlock_copy: only live slots are copied, they decode as the whole region does, and
 a writer caught mid-write is retried or flagged exactly as before."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from collscope.nodeagent import ring, ringlayout, ringstate
+from collscope.nodeagent import ring
+from collscope.nodeagent.ring import layout, livestate
 
 T0 = 1_732_001_234_000_000_000  # the conftest epoch
 Builder = Any  # conftest.RingBuilder: conftest modules cannot be imported under importlib mode
@@ -21,18 +22,18 @@ def scattered(b: Builder) -> Builder:
         b.comm(slot=slot, comm_hash=h, rank=1, nranks=300, name=f"c{slot}".encode())
         b.op(comm=slot, slot=3, serial=4, seq=40 + slot)
         b.op(comm=slot, slot=6, serial=5, seq=41 + slot, start_ns=T0 + 9)
-    b.comms[7]["state"] = ringlayout.COMM_FINALIZED
+    b.comms[7]["state"] = layout.COMM_FINALIZED
     b.comms[7]["finalize_ns"] = T0 + 7
     for slot, k, channel, peer, direction in (
-        (2, 0, 0, 2, ringlayout.DIR_SEND),
-        (2, 77, 200, 299, ringlayout.DIR_RECV),
-        (2, 127, 130, 5, ringlayout.DIR_SEND),
-        (7, 64, 1, 3, ringlayout.DIR_RECV),
-        (13, 5, 255, 0, ringlayout.DIR_SEND),
-        (13, 6, 255, 0, ringlayout.DIR_RECV),
+        (2, 0, 0, 2, layout.DIR_SEND),
+        (2, 77, 200, 299, layout.DIR_RECV),
+        (2, 127, 130, 5, layout.DIR_SEND),
+        (7, 64, 1, 3, layout.DIR_RECV),
+        (13, 5, 255, 0, layout.DIR_SEND),
+        (13, 6, 255, 0, layout.DIR_RECV),
     ):
         b.flow(comm=slot, slot=k, serial=4, channel=channel, peer=peer, dir=direction)
-    b.flow(comm=13, slot=9, serial=3, state=ringlayout.FLOW_DONE)  # an older op's flow
+    b.flow(comm=13, slot=9, serial=3, state=layout.FLOW_DONE)  # an older op's flow
     return b
 
 
@@ -41,13 +42,13 @@ def expected(b: Builder) -> list[tuple[int, list[int], list[tuple[Any, ...]]]]:
     its visible flows with their values, read straight from the builder's arrays."""
     out = []
     for i, c in enumerate(b.comms):
-        if c["state"] == ringlayout.COMM_FREE:
+        if c["state"] == layout.COMM_FREE:
             continue
-        ops = [j for j, o in enumerate(c["ops"]) if o["state"] >= ringlayout.OP_ACTIVE]
+        ops = [j for j, o in enumerate(c["ops"]) if o["state"] >= layout.OP_ACTIVE]
         flows = [
             (k, int(f["channel"]), int(f["peer"]), int(f["serial"]), int(f["c_ready_posted"]))
             for k, f in enumerate(c["flows"])
-            if f["dir"] != ringlayout.DIR_NONE
+            if f["dir"] != layout.DIR_NONE
         ]
         out.append((i, ops, flows))
     return out
@@ -59,7 +60,7 @@ def test_only_live_slots_are_copied(builder: Builder, tmp_path: pathlib.Path) ->
         _, copies, _ = r.live_copies()
     assert copies.slots.tolist() == [2, 7, 13]
     assert copies.comms["comm_hash"].tolist() == [0xA2, 0xA7, 0xAD]
-    assert copies.ops.shape == (3, ringlayout.OPS_PER_COMM)
+    assert copies.ops.shape == (3, layout.OPS_PER_COMM)
     assert list(zip(copies.flow_comm.tolist(), copies.flow_slot.tolist(), strict=True)) == [
         (0, 0), (0, 77), (0, 127), (1, 64), (2, 5), (2, 6), (2, 9),
     ]  # fmt: skip
@@ -89,7 +90,7 @@ def test_live_slots_decode_as_the_whole_region(builder: Builder, tmp_path: pathl
 
 
 def test_no_live_communicator_copies_nothing(builder: Builder, tmp_path: pathlib.Path) -> None:
-    builder.comms[4]["flows"][3]["dir"] = ringlayout.DIR_SEND  # under a free comm: not read
+    builder.comms[4]["flows"][3]["dir"] = layout.DIR_SEND  # under a free comm: not read
     with ring.open(builder.write(tmp_path / "r.ring")) as r:
         _, copies, _ = r.live_copies()
         snap = r.snapshot()
@@ -121,15 +122,15 @@ def test_slots_being_written_are_copied_and_flagged(
 
 
 class _Reads:
-    """A ``ringstate.Read`` over the builder's arrays, written in place by the tests' "writer":
+    """A ``livestate.Read`` over the builder's arrays, written in place by the tests' "writer":
     ``script[n]`` is called after the ``n``-th read (0-based) returns, i.e. between it and the
     next one. An attempt is three reads: seqlocks before, the copy, seqlocks after."""
 
     def __init__(self, b: Builder, script: dict[int, Any]) -> None:
         self.comms, self.script, self.reads = b.comms, script, 0
 
-    def __call__(self, lo: int, hi: int) -> ringstate.Region:
-        got = ringstate.Region(self.comms[lo:hi].copy())
+    def __call__(self, lo: int, hi: int) -> livestate.Region:
+        got = livestate.Region(self.comms[lo:hi].copy())
         step = self.script.get(self.reads)
         self.reads += 1
         if step is not None:
@@ -150,7 +151,7 @@ def test_a_flow_written_during_the_copy_is_retried(builder: Builder) -> None:
         f["seqlock"] += 1
 
     # reads: 0 the seqlocks before, 1 the copy, 2 the seqlocks after, 3 to 5 the retry
-    copies = ringstate.seqlock_copy(_Reads(builder, {0: start, 1: finish}), 100)
+    copies = livestate.seqlock_copy(_Reads(builder, {0: start, 1: finish}), 100)
     (got,) = copies.flows
     assert [int(got[n]) for n in ("c_ready_posted", "c_sent_done", "c_done_consumed")] == [9] * 3
     assert (copies.attempts, copies.torn_flows.tolist()) == (2, [False])
@@ -164,7 +165,7 @@ def test_a_whole_write_between_the_seqlock_reads_is_retried(builder: Builder) ->
         f["seqlock"] += 2
         f["c_ready_posted"] = 6
 
-    copies = ringstate.seqlock_copy(_Reads(builder, {0: write}), 100)
+    copies = livestate.seqlock_copy(_Reads(builder, {0: write}), 100)
     assert int(copies.flows[0]["c_ready_posted"]) == 6
     assert (copies.attempts, copies.torn_flows.tolist()) == (2, [False])
 
@@ -182,11 +183,11 @@ def test_a_comm_identity_written_during_the_copy_is_retried(builder: Builder) ->
         c["seqlock"] += 1
 
     # reads: 0 the seqlocks before, 1 the copy, 2 the seqlocks after, 3 to 5 the retry
-    copies = ringstate.seqlock_copy(_Reads(builder, {0: start, 1: finish}), 100)
+    copies = livestate.seqlock_copy(_Reads(builder, {0: start, 1: finish}), 100)
     assert (bytes(copies.comms["name"][0]), int(copies.comms["generation"][0])) == (b"new", 2)
     assert (copies.attempts, copies.torn_comms.tolist()) == (2, [False])
     assert not copies.torn_ops.any()
-    assert int(copies.ops[0, 0]["state"]) == ringlayout.OP_ACTIVE
+    assert int(copies.ops[0, 0]["state"]) == layout.OP_ACTIVE
 
 
 def test_a_writer_that_never_finishes_leaves_the_slot_torn(builder: Builder) -> None:
@@ -198,7 +199,7 @@ def test_a_writer_that_never_finishes_leaves_the_slot_torn(builder: Builder) -> 
         f["seqlock"] = 7
         o["seqlock"] = 9
 
-    copies = ringstate.seqlock_copy(_Reads(builder, {0: freeze}), 4)
+    copies = livestate.seqlock_copy(_Reads(builder, {0: freeze}), 4)
     assert copies.attempts == 4
     assert copies.torn_flows.tolist() == [True]
     assert np.flatnonzero(copies.torn_ops[0]).tolist() == [5]

@@ -23,7 +23,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from collscope.nodeagent import errors, ringlayout
+from collscope.nodeagent import errors
+from collscope.nodeagent.ring import layout
 
 # Retries taken back to back before yielding the CPU between them: a plugin write lasts
 # nanoseconds, so a slot still unstable after this many is held by a descheduled writer.
@@ -184,9 +185,9 @@ class Copies:
     torn_flows: npt.NDArray[np.bool_]  # (k,)
     attempts: int
     # The ring's plausible span (its plugin's init time .. the reader's clock at the copy,
-    # ringlayout.TIME_SLACK_NS either side): times outside are rejected when decoded.
+    # layout.TIME_SLACK_NS either side): times outside are rejected when decoded.
     since_ns: int = 0
-    until_ns: int = ringlayout.INT64_MAX
+    until_ns: int = layout.INT64_MAX
 
     def flow(self, comm_slot: int, flow_slot: int) -> np.void | None:
         """The copy of one flow slot, None when it was not copied (free, or a free comm)."""
@@ -204,7 +205,7 @@ def _fields_struct(dtype: np.dtype[np.void], names: list[str]) -> tuple[struct.S
     """A ``struct`` reading the integer fields ``names`` of ``dtype`` in one call, and the
     offset to read it at: one unpack instead of a structured field lookup per field."""
     codes = {"<u4": "I", "<i4": "i", "<u8": "Q", "<i8": "q"}
-    at = sorted((ringlayout.field_offset(dtype, n), n) for n in names)
+    at = sorted((layout.field_offset(dtype, n), n) for n in names)
     start, fmt = at[0][0], "<"
     pos = start
     for offset, n in at:
@@ -215,45 +216,43 @@ def _fields_struct(dtype: np.dtype[np.void], names: list[str]) -> tuple[struct.S
 
 _STATUS_NAMES: Final = sorted(
     ["state", *(f.name for f in _COUNTERS)],
-    key=lambda n: ringlayout.field_offset(ringlayout.HEADER, n),
+    key=lambda n: layout.field_offset(layout.HEADER, n),
 )
-_STATUS, _STATUS_AT = _fields_struct(ringlayout.HEADER, _STATUS_NAMES)
-_OPS = ringlayout.field_offset(ringlayout.COMM_SLOT, "ops")
-_FLOWS = ringlayout.field_offset(ringlayout.COMM_SLOT, "flows")
-_OP_BYTES = ringlayout.OP_SLOT.itemsize
-_FLOW_BYTES = ringlayout.FLOW_SLOT.itemsize
+_STATUS, _STATUS_AT = _fields_struct(layout.HEADER, _STATUS_NAMES)
+_OPS = layout.field_offset(layout.COMM_SLOT, "ops")
+_FLOWS = layout.field_offset(layout.COMM_SLOT, "flows")
+_OP_BYTES = layout.OP_SLOT.itemsize
+_FLOW_BYTES = layout.FLOW_SLOT.itemsize
 # The u32 columns of a comm slot holding its seqlock (identity) and its op slots' seqlocks.
 _SEQ_COLS: Final = np.array(
-    [0] + [(_OPS + j * _OP_BYTES) // 4 for j in range(ringlayout.OPS_PER_COMM)], dtype=np.intp
+    [0] + [(_OPS + j * _OP_BYTES) // 4 for j in range(layout.OPS_PER_COMM)], dtype=np.intp
 )
 # A comm slot's head and op slots seen as units of one op slot's size: the identity and
 # counters are units [0, 4), op slot j is unit 4 + j; _UNIT_COL maps a unit to its seqlock's
 # column in _SEQ_COLS (a retry copies the units whose seqlock did not hold).
 _UNITS = _FLOWS // _OP_BYTES
 _UNIT_COL: Final = np.array(
-    [0] * (_OPS // _OP_BYTES) + list(range(1, ringlayout.OPS_PER_COMM + 1)), dtype=np.intp
+    [0] * (_OPS // _OP_BYTES) + list(range(1, layout.OPS_PER_COMM + 1)), dtype=np.intp
 )
 # The first 8 bytes of a comm slot are seqlock | state << 32 and of a flow slot seqlock |
 # dir << 32 | ...: one aligned 8-byte load reads a slot's seqlock and its "in use" field at
 # the same instant. Masks: in use, or seqlock odd (a write in progress).
 _COMM_IN_USE: Final = np.uint64(
-    (0xFFFF_FFFF << 8 * ringlayout.field_offset(ringlayout.COMM_SLOT, "state")) | 1
+    (0xFFFF_FFFF << 8 * layout.field_offset(layout.COMM_SLOT, "state")) | 1
 )
-_FLOW_IN_USE: Final = np.uint64(
-    (0xFF << 8 * ringlayout.field_offset(ringlayout.FLOW_SLOT, "dir")) | 1
-)
+_FLOW_IN_USE: Final = np.uint64((0xFF << 8 * layout.field_offset(layout.FLOW_SLOT, "dir")) | 1)
 # A flow slot's step counters (started, c_ready_posted ... c_gpu_ready: contiguous bytes),
 # read as 0 while the flow is QUEUED (header protocol §2).
 _STEPS = slice(
-    ringlayout.field_offset(ringlayout.FLOW_SLOT, "started"),
-    ringlayout.field_offset(ringlayout.FLOW_SLOT, "c_gpu_ready") + 4,
+    layout.field_offset(layout.FLOW_SLOT, "started"),
+    layout.field_offset(layout.FLOW_SLOT, "c_gpu_ready") + 4,
 )
-_FLOW_STATE = ringlayout.field_offset(ringlayout.FLOW_SLOT, "state")
+_FLOW_STATE = layout.field_offset(layout.FLOW_SLOT, "state")
 # Torn flags of copies where every seqlock held (read-only: shared by every such copy).
-_CLEAN_HEADS: Final = np.zeros((ringlayout.COMM_SLOTS, len(_SEQ_COLS)), dtype=bool)
-_CLEAN_FLOWS: Final = np.zeros(ringlayout.COMM_SLOTS * ringlayout.FLOWS_PER_COMM, dtype=bool)
+_CLEAN_HEADS: Final = np.zeros((layout.COMM_SLOTS, len(_SEQ_COLS)), dtype=bool)
+_CLEAN_FLOWS: Final = np.zeros(layout.COMM_SLOTS * layout.FLOWS_PER_COMM, dtype=bool)
 _CLEAN_HEADS.flags.writeable = _CLEAN_FLOWS.flags.writeable = False
-assert _OPS % _OP_BYTES == 0 and _FLOWS == _OPS + ringlayout.OPS_PER_COMM * _OP_BYTES
+assert _OPS % _OP_BYTES == 0 and _FLOWS == _OPS + layout.OPS_PER_COMM * _OP_BYTES
 assert _STEPS.stop - _STEPS.start == 4 * 5
 
 
@@ -281,7 +280,7 @@ class Region:
     @property
     def flows(self) -> npt.NDArray[np.uint8]:
         """(n, FLOWS_PER_COMM, FLOW_SLOT bytes)."""
-        return self.raw[:, _FLOWS:].reshape(len(self.raw), ringlayout.FLOWS_PER_COMM, _FLOW_BYTES)
+        return self.raw[:, _FLOWS:].reshape(len(self.raw), layout.FLOWS_PER_COMM, _FLOW_BYTES)
 
     @property
     def flow_word(self) -> npt.NDArray[np.uint64]:
@@ -297,10 +296,10 @@ class Region:
 
 
 def status(path: str, h: np.void) -> Status:
-    """``Status`` from a copy of the header (``ringlayout.HEADER``) of the ring at ``path``."""
+    """``Status`` from a copy of the header (``layout.HEADER``) of the ring at ``path``."""
     values = dict(zip(_STATUS_NAMES, _STATUS.unpack_from(h.tobytes(), _STATUS_AT), strict=True))
-    check = ringlayout.Checker(path, "header", ringlayout.field_offset(ringlayout.HEADER, "state"))
-    state = check.enum("state", values.pop("state"), ringlayout.RING_STATE_NAMES)
+    check = layout.Checker(path, "header", layout.field_offset(layout.HEADER, "state"))
+    state = check.enum("state", values.pop("state"), layout.RING_STATE_NAMES)
     return Status(state=state, **values)
 
 
@@ -310,7 +309,7 @@ Read = Callable[[int, int], Region]
 
 
 def seqlock_copy(
-    read: Read, retries: int, *, span: tuple[int, int] = (0, ringlayout.INT64_MAX)
+    read: Read, retries: int, *, span: tuple[int, int] = (0, layout.INT64_MAX)
 ) -> Copies:
     """Copy the live communicators under seqlocks (protocol §1), through ``read``.
 
@@ -334,7 +333,7 @@ def seqlock_copy(
     are zeroed (header protocol §2, version 2: the writer leaves the previous op's there until
     the flow runs). ``span`` (the ring's plausible times, ns) travels with them.
     """
-    a = read(0, ringlayout.COMM_SLOTS)
+    a = read(0, layout.COMM_SLOTS)
     sel = np.flatnonzero(a.word & _COMM_IN_USE)
     fr, fc = np.nonzero(a.flow_word[sel] & _FLOW_IN_USE)
     frow = sel[fr]
@@ -360,15 +359,15 @@ def seqlock_copy(
         attempt = _retry(
             read, retries, sel=sel, head=head, need=need, at=(frow, fc), flows=flows, fneed=fneed
         )
-    queued = flows[:, _FLOW_STATE] == ringlayout.FLOW_QUEUED
+    queued = flows[:, _FLOW_STATE] == layout.FLOW_QUEUED
     if queued.any():
         flows[queued, _STEPS] = 0
-    comms = np.frombuffer(head, ringlayout.COMM_HEAD)  # a view (cheaper than .view())
+    comms = np.frombuffer(head, layout.COMM_HEAD)  # a view (cheaper than .view())
     return Copies(
         slots=sel,
         comms=comms,
         ops=comms["ops"],
-        flows=np.frombuffer(flows, ringlayout.FLOW_SLOT),
+        flows=np.frombuffer(flows, layout.FLOW_SLOT),
         flow_comm=fr,
         flow_slot=fc,
         torn_comms=need[:, 0],
@@ -442,30 +441,30 @@ def snapshot(
     out: list[CommState] = []
     torn = 0
     span = (copies.since_ns, copies.until_ns)
-    size = ringlayout.COMM_SLOT.itemsize
+    size = layout.COMM_SLOT.itemsize
     bounds = np.searchsorted(copies.flow_comm, np.arange(len(copies.slots) + 1)).tolist()
-    for row in np.flatnonzero(copies.comms["state"] != ringlayout.COMM_FREE).tolist():
+    for row in np.flatnonzero(copies.comms["state"] != layout.COMM_FREE).tolist():
         i = int(copies.slots[row])
         c = copies.comms[row]
         base = region_offset + i * size
-        check = ringlayout.Checker(path, f"comm slot {i}", base, *span)
+        check = layout.Checker(path, f"comm slot {i}", base, *span)
         code = int(c["state"])
         comm_torn = bool(copies.torn_comms[row])
         torn += comm_torn
         try:
-            state = check.enum("state", code, ringlayout.COMM_STATE_NAMES)
+            state = check.enum("state", code, layout.COMM_STATE_NAMES)
             nranks, rank = check.comm_ranks(int(c["nranks"]), int(c["rank"]), int(c["nnodes"]))
-            name = check.text("name", bytes(c["name"]), ringlayout.NAME_LEN)
+            name = check.text("name", bytes(c["name"]), layout.NAME_LEN)
         except errors.RingCorrupt:
             if comm_torn:
                 continue
             raise
         ops = []
-        for j, o in _rows(copies.ops[row], copies.ops[row]["state"] >= ringlayout.OP_ACTIVE):
+        for j, o in _rows(copies.ops[row], copies.ops[row]["state"] >= layout.OP_ACTIVE):
             t = bool(copies.torn_ops[row, j])
             torn += t
-            offset = base + _OPS + j * ringlayout.OP_SLOT.itemsize
-            op_check = ringlayout.Checker(path, f"comm slot {i} op {j}", offset, *span)
+            offset = base + _OPS + j * layout.OP_SLOT.itemsize
+            op_check = layout.Checker(path, f"comm slot {i} op {j}", offset, *span)
             try:
                 ops.append(_op(op_check, j, o, nranks, t))
             except errors.RingCorrupt:
@@ -474,12 +473,12 @@ def snapshot(
         flows = []
         lo, hi = bounds[row], bounds[row + 1]
         mine = copies.flows[lo:hi]
-        for n, f in _rows(mine, mine["dir"] != ringlayout.DIR_NONE):
+        for n, f in _rows(mine, mine["dir"] != layout.DIR_NONE):
             k = int(copies.flow_slot[lo + n])
             t = bool(copies.torn_flows[lo + n])
             torn += t
-            offset = base + _FLOWS + k * ringlayout.FLOW_SLOT.itemsize
-            flow_check = ringlayout.Checker(path, f"comm slot {i} flow {k}", offset, *span)
+            offset = base + _FLOWS + k * layout.FLOW_SLOT.itemsize
+            flow_check = layout.Checker(path, f"comm slot {i} flow {k}", offset, *span)
             try:
                 flows.append(_flow(flow_check, k, f, nranks, t))
             except errors.RingCorrupt:
@@ -526,12 +525,12 @@ def _rows(
     ]
 
 
-def _op(check: ringlayout.Checker, j: int, o: dict[str, Any], nranks: int, torn: bool) -> OpState:
-    state = check.enum("state", o["state"], ringlayout.OP_STATE_NAMES)
+def _op(check: layout.Checker, j: int, o: dict[str, Any], nranks: int, torn: bool) -> OpState:
+    state = check.enum("state", o["state"], layout.OP_STATE_NAMES)
     flags = o["flags"]
-    p2p = bool(flags & ringlayout.OPF_P2P)
+    p2p = bool(flags & layout.OPF_P2P)
     end = o["end_ns"]
-    limit = ringlayout.INT64_MAX
+    limit = layout.INT64_MAX
     return OpState(
         slot=j,
         state=state,
@@ -539,9 +538,9 @@ def _op(check: ringlayout.Checker, j: int, o: dict[str, Any], nranks: int, torn:
         seq=check.at_most("seq", o["seq"], limit),
         op=check.func(o["func"]),
         bytes=check.at_most("bytes", o["bytes"], limit),
-        dtype=check.name("dtype", o["dtype"], ringlayout.DTYPE_NAMES),
-        algo=check.name("algo", o["algo"], ringlayout.ALGO_NAMES),
-        proto=check.name("proto", o["proto"], ringlayout.PROTO_NAMES),
+        dtype=check.name("dtype", o["dtype"], layout.DTYPE_NAMES),
+        algo=check.name("algo", o["algo"], layout.ALGO_NAMES),
+        proto=check.name("proto", o["proto"], layout.PROTO_NAMES),
         nchannels=o["nchannels"],
         flags=flags,
         peer=check.peer("peer", o["peer"], nranks) if p2p else None,
@@ -557,15 +556,13 @@ def _op(check: ringlayout.Checker, j: int, o: dict[str, Any], nranks: int, torn:
     )
 
 
-def _flow(
-    check: ringlayout.Checker, k: int, f: dict[str, Any], nranks: int, torn: bool
-) -> FlowState:
+def _flow(check: layout.Checker, k: int, f: dict[str, Any], nranks: int, torn: bool) -> FlowState:
     return FlowState(
         slot=k,
-        dir=check.enum("dir", f["dir"], ringlayout.DIR_NAMES),
+        dir=check.enum("dir", f["dir"], layout.DIR_NAMES),
         channel=f["channel"],
         peer=check.peer("peer", f["peer"], nranks),
-        state=check.enum("state", f["state"], ringlayout.FLOW_STATE_NAMES),
+        state=check.enum("state", f["state"], layout.FLOW_STATE_NAMES),
         serial=f["serial"],
         total=f["total"],
         started=f["started"],

@@ -18,7 +18,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from collscope.nodeagent import ringlayout
+from collscope.nodeagent.ring import layout
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,13 +86,13 @@ def read(
     region_offset: int,
     slot_count: int,
     skip_pending: bool = False,
-    span: tuple[int, int] = (0, ringlayout.INT64_MAX),
+    span: tuple[int, int] = (0, layout.INT64_MAX),
 ) -> tuple[list[Event], int, int]:
     """Records ``[start, written)`` of the ring: ``(records, stop, missed)``.
 
     ``start >= written - slot_count`` (the caller has skipped what was lapped). Copies every
     commit word, then the records, then the commit words again (three reads of the file: see
-    ``ringstate.seqlock_copy`` for why not two): a record is delivered when both readings equal
+    ``livestate.seqlock_copy`` for why not two): a record is delivered when both readings equal
     its index, missed when a later lap overwrote it. The first record reserved but not
     committed yet (``idx`` busy or older) ends the read at ``stop``, so that the next call
     resumes there and records stay in write order; with ``skip_pending`` it counts as missed
@@ -108,7 +108,7 @@ def read(
         data = fetch(at, count)
         after = fetch(at, count)["idx"]
         slots = (index % np.uint64(slot_count)).astype(np.int64)
-        pending = (before == np.uint64(ringlayout.EVENT_IDX_BUSY)) | (before < index)
+        pending = (before == np.uint64(layout.EVENT_IDX_BUSY)) | (before < index)
         stop = count if skip_pending or not pending.any() else int(np.argmax(pending))
         good = ((before == index) & (after == index))[:stop]
         out += _decode(path, region_offset, data[:stop][good], slots[:stop][good], span)
@@ -131,28 +131,28 @@ def _decode(
     kinds = rows["type"].tolist()
     # One conversion of all rows to Python values, each in both record layouts: far cheaper
     # than reading numpy scalars field by field (a full 4 MiB ring holds 62,000 records).
-    ops = raw.view(ringlayout.OP_RECORD).reshape(-1).tolist()
-    comms = raw.view(ringlayout.COMM_RECORD).reshape(-1).tolist()
-    op_names = ringlayout.OP_RECORD.names or ()
-    comm_names = ringlayout.COMM_RECORD.names or ()
+    ops = raw.view(layout.OP_RECORD).reshape(-1).tolist()
+    comms = raw.view(layout.COMM_RECORD).reshape(-1).tolist()
+    op_names = layout.OP_RECORD.names or ()
+    comm_names = layout.COMM_RECORD.names or ()
     for k, kind in enumerate(kinds):
-        offset = region_offset + int(slots[k]) * ringlayout.EVENT_BYTES
-        check = ringlayout.Checker(path, "events", offset, *span)
-        if kind == ringlayout.EV_OP:
+        offset = region_offset + int(slots[k]) * layout.EVENT_BYTES
+        check = layout.Checker(path, "events", offset, *span)
+        if kind == layout.EV_OP:
             r = dict(zip(op_names, ops[k], strict=True))
             flags = r["flags"]
-            p2p = bool(flags & ringlayout.OPF_P2P)
+            p2p = bool(flags & layout.OPF_P2P)
             out.append(
                 OpEvent(
                     index=r["idx"],
                     comm_hash=r["comm_hash"],
                     comm_slot=check.comm_slot(r["comm_slot"]),
-                    seq=check.at_most("seq", r["seq"], ringlayout.INT64_MAX),
+                    seq=check.at_most("seq", r["seq"], layout.INT64_MAX),
                     op=check.func(r["func"]),
-                    bytes=check.at_most("bytes", r["bytes"], ringlayout.INT64_MAX),
-                    dtype=check.name("dtype", r["dtype"], ringlayout.DTYPE_NAMES),
-                    algo=check.name("algo", r["algo"], ringlayout.ALGO_NAMES),
-                    proto=check.name("proto", r["proto"], ringlayout.PROTO_NAMES),
+                    bytes=check.at_most("bytes", r["bytes"], layout.INT64_MAX),
+                    dtype=check.name("dtype", r["dtype"], layout.DTYPE_NAMES),
+                    algo=check.name("algo", r["algo"], layout.ALGO_NAMES),
+                    proto=check.name("proto", r["proto"], layout.PROTO_NAMES),
                     nchannels=r["nchannels"],
                     flags=flags,
                     start_ns=check.time("start_ns", r["start_ns"]),
@@ -161,13 +161,13 @@ def _decode(
                     gpu_ns=r["gpu_ns"],
                 )
             )
-        elif kind in (ringlayout.EV_COMM_INIT, ringlayout.EV_COMM_FINALIZE):
+        elif kind in (layout.EV_COMM_INIT, layout.EV_COMM_FINALIZE):
             r = dict(zip(comm_names, comms[k], strict=True))
             nranks, rank = check.comm_ranks(r["nranks"], r["rank"], r["nnodes"])
             out.append(
                 CommEvent(
                     index=r["idx"],
-                    kind="init" if kind == ringlayout.EV_COMM_INIT else "finalize",
+                    kind="init" if kind == layout.EV_COMM_INIT else "finalize",
                     comm_hash=r["comm_hash"],
                     comm_slot=check.comm_slot(r["comm_slot"]),
                     rank=rank,
@@ -175,7 +175,7 @@ def _decode(
                     nnodes=r["nnodes"],
                     profiler_api=r["profiler_api"],
                     time_ns=check.time("time_ns", r["time_ns"]),
-                    name=check.text("name", r["name"], ringlayout.COMM_RECORD_NAME_LEN),
+                    name=check.text("name", r["name"], layout.COMM_RECORD_NAME_LEN),
                 )
             )
         else:

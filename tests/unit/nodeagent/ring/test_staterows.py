@@ -1,4 +1,4 @@
-"""livestate's numpy path gives exactly the records of the reference (ringrecords) path."""
+"""staterows's numpy path gives exactly the records of the reference (records) path."""
 
 from __future__ import annotations
 
@@ -7,27 +7,28 @@ from typing import Any
 
 import pytest
 
-from collscope.nodeagent import errors, livestate, ring, ringlayout, ringrecords, window
+from collscope.nodeagent import errors, ring, window
 from collscope.nodeagent.bundle import models, tables
+from collscope.nodeagent.ring import layout, records, staterows
 
 
-def fast(path: pathlib.Path, rank: int, peers: ringrecords.PeerMap) -> list[models.StateRecord]:
-    """livestate rows turned back into models through a Bundle (the writer's view)."""
+def fast(path: pathlib.Path, rank: int, peers: records.PeerMap) -> list[models.StateRecord]:
+    """staterows rows turned back into models through a Bundle (the writer's view)."""
     w = window.Window(window_s=60, memory_cap_bytes=1 << 30)
     with ring.open(path) as r:
         _, copies, taken = r.live_copies()
-        names = livestate.Names(w.comm_ids, w.strings)
+        names = staterows.Names(w.comm_ids, w.strings)
         for (h, comm_rank), g in peers.items():
             names.learn_peer(h, comm_rank, g)
-        rows = livestate.state_rows(str(path), rank, copies, taken, names)
+        rows = staterows.state_rows(str(path), rank, copies, taken, names)
     w.add(rank, states=rows.states, flows=rows.flows)
     b = w.bundle(models.Job(world_size=rank + 1))
     return [rec for rec in b.iter_records() if isinstance(rec, models.StateRecord)]
 
 
-def reference(path: pathlib.Path, rank: int, peers: ringrecords.PeerMap, taken_ns: int) -> Any:
+def reference(path: pathlib.Path, rank: int, peers: records.PeerMap, taken_ns: int) -> Any:
     with ring.open(path, clock=lambda: taken_ns) as r:
-        return ringrecords.state_records(rank, r.snapshot(), peers)
+        return records.state_records(rank, r.snapshot(), peers)
 
 
 def test_equals_reference_on_a_synthetic_ring(tmp_path: pathlib.Path, scenario: Any) -> None:
@@ -77,10 +78,10 @@ def test_comm_records_name_the_live_slots(tmp_path: pathlib.Path, scenario: Any)
     path = scenario.write(tmp_path / "r.ring")
     with ring.open(path) as r:
         _, copies, _ = r.live_copies()
-        got = livestate.comm_records(str(path), 3, copies)
-        want = ringrecords.comm_records(3, r.snapshot())
+        got = staterows.comm_records(str(path), 3, copies)
+        want = records.comm_records(3, r.snapshot())
     assert got == want
-    assert tables.SEND == 0 and ringlayout.COMM_SLOTS == 16
+    assert tables.SEND == 0 and layout.COMM_SLOTS == 16
 
 
 def _ring(new: Any, path: pathlib.Path, slots: dict[int, list[int]]) -> pathlib.Path:
@@ -99,7 +100,7 @@ def _ring(new: Any, path: pathlib.Path, slots: dict[int, list[int]]) -> pathlib.
                 serial=3,
                 channel=(37 * k) % 256,
                 peer=(11 * k + slot) % 300,
-                dir=ringlayout.DIR_RECV if recv else ringlayout.DIR_SEND,
+                dir=layout.DIR_RECV if recv else layout.DIR_SEND,
             )
     written: pathlib.Path = b.write(path)
     return written
@@ -118,7 +119,7 @@ def test_a_batch_of_rings_with_different_live_slots(tmp_path: pathlib.Path, buil
     paths = [_ring(type(builder), tmp_path / f"r{n}.ring", s) for n, s in enumerate(layouts)]
     peers = {(0xC000 + 5, 3): 42, (0xC000 + 15, 1): 7}
     w = window.Window(window_s=60, memory_cap_bytes=1 << 30)
-    names = livestate.Names(w.comm_ids, w.strings)
+    names = staterows.Names(w.comm_ids, w.strings)
     for (h, comm_rank), g in peers.items():
         names.learn_peer(h, comm_rank, g)
     rings = [ring.open(p) for p in paths]
@@ -126,9 +127,9 @@ def test_a_batch_of_rings_with_different_live_slots(tmp_path: pathlib.Path, buil
         parts = []
         for rank, r in enumerate(rings):
             _, copies, taken = r.live_copies()
-            parts.append(livestate.Part(r.path, 10 + rank, copies, taken))
-        batch = livestate.state_rows_batch(parts, names)
-        alone = [livestate.state_rows_batch([p], names)[0] for p in parts]
+            parts.append(staterows.Part(r.path, 10 + rank, copies, taken))
+        batch = staterows.state_rows_batch(parts, names)
+        alone = [staterows.state_rows_batch([p], names)[0] for p in parts]
     finally:
         for r in rings:
             r.close()
@@ -138,11 +139,11 @@ def test_a_batch_of_rings_with_different_live_slots(tmp_path: pathlib.Path, buil
         assert b.flows.tobytes() == a.flows.tobytes()
     for rank, (path, b) in enumerate(zip(paths, batch, strict=True)):
         w = window.Window(window_s=60, memory_cap_bytes=1 << 30)
-        names = livestate.Names(w.comm_ids, w.strings)
+        names = staterows.Names(w.comm_ids, w.strings)
         for (h, comm_rank), g in peers.items():
             names.learn_peer(h, comm_rank, g)
         p = parts[rank]
-        rows = livestate.state_rows(str(path), p.rank, p.copies, p.taken_ns, names)
+        rows = staterows.state_rows(str(path), p.rank, p.copies, p.taken_ns, names)
         w.add(10 + rank, states=rows.states, flows=rows.flows)
         got = [
             rec
@@ -156,13 +157,13 @@ def test_a_batch_of_rings_with_different_live_slots(tmp_path: pathlib.Path, buil
 def test_peers_learnt_later_are_used(tmp_path: pathlib.Path, builder: Any) -> None:
     path = _ring(type(builder), tmp_path / "r.ring", {4: [0, 1]})
     w = window.Window(window_s=60, memory_cap_bytes=1 << 30)
-    names = livestate.Names(w.comm_ids, w.strings)
+    names = staterows.Names(w.comm_ids, w.strings)
     names.learn_peer(0xC000 + 4, 99, 1)  # some other peer: the tables are built
     with ring.open(path) as r:
         _, copies, taken = r.live_copies()
-        first = livestate.state_rows(str(path), 0, copies, taken, names)
+        first = staterows.state_rows(str(path), 0, copies, taken, names)
         names.learn_peer(0xC000 + 4, int(first.flows["peer"][0]), 123)
-        second = livestate.state_rows(str(path), 0, copies, taken, names)
+        second = staterows.state_rows(str(path), 0, copies, taken, names)
     assert int(second.flows["peer"][0]) == 123
     assert second.flows["peer"][1:].tolist() == first.flows["peer"][1:].tolist()
 
@@ -203,4 +204,4 @@ def test_comm_records_refuse_an_init_time_out_of_the_span(
     path = scenario.write(tmp_path / "r.ring")
     with ring.open(path) as r, pytest.raises(errors.RingCorrupt, match="init_ns"):
         _, copies, _ = r.live_copies()
-        livestate.comm_records(str(path), 3, copies)
+        staterows.comm_records(str(path), 3, copies)

@@ -1,13 +1,13 @@
 """Bundle-v1 ``state`` rows straight from a live-region copy, for all communicators at once.
 
-``ringrecords.state_records`` (the reference) decodes a ``ringstate.Snapshot`` slot by slot
+``records.state_records`` (the reference) decodes a ``livestate.Snapshot`` slot by slot
 into pydantic models: about 20 µs per flow, 50 times what a 10 Hz sampler of a node may spend
 (bench/agent_ingest). This module computes the same rows with a fixed number of numpy
 operations over ``ring.Ring.live_copies()``, straight into the bundle tables' dtypes
 (``tables.STATE_DTYPE``/``FLOW_DTYPE``): per communicator the active op with the lowest serial
 (ring header protocol §2), its flows (same serial, not ``free``; a torn flow only while its
 counters are ordered), in (channel, send before recv, peer) order, peers mapped to global ranks,
-``idle_ns`` = copy time - last progress. ``tests/unit/nodeagent/test_livestate.py`` checks it
+``idle_ns`` = copy time - last progress. ``tests/unit/nodeagent/ring/test_staterows.py`` checks it
 equals the reference on real plugin rings.
 
 Values are checked as the reference checks them: a non-torn slot outside its domain raises
@@ -24,15 +24,16 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from collscope.nodeagent import errors, ringlayout, ringrecords, ringstate
+from collscope.nodeagent import errors
 from collscope.nodeagent.bundle import models, tables
+from collscope.nodeagent.ring import layout, livestate, records
 
 _U64_MAX: Final = np.uint64(2**64 - 1)
-_I64_MAX: Final = ringlayout.INT64_MAX
+_I64_MAX: Final = layout.INT64_MAX
 # Whether a func code is assigned, for every u1 value (one lookup, no range check)
 _FUNC_OK: Final = np.zeros(256, dtype=bool)
-_FUNC_OK[: len(ringlayout.FUNC_NAMES)] = [n is not None for n in ringlayout.FUNC_NAMES]
-_KCH_OTHER: Final = "kch_started_other" in (ringlayout.OP_SLOT.names or ())
+_FUNC_OK[: len(layout.FUNC_NAMES)] = [n is not None for n in layout.FUNC_NAMES]
+_KCH_OTHER: Final = "kch_started_other" in (layout.OP_SLOT.names or ())
 _NO_STATES: Final = np.zeros(0, tables.STATE_DTYPE)
 _NO_FLOWS: Final = np.zeros(0, tables.FLOW_DTYPE)
 
@@ -57,7 +58,7 @@ class Names:
         self._intern_comm = intern_comm
         self._intern = intern
         self._comms: dict[int, int] = {}
-        self._funcs = [intern(n or "") for n in ringlayout.FUNC_NAMES]
+        self._funcs = [intern(n or "") for n in layout.FUNC_NAMES]
         self._func_ids = np.array(self._funcs, dtype=np.int64)
         # _comms as sorted arrays, for one searchsorted per tick (``comm_ids``)
         self._comm_keys = np.zeros(0, np.uint64)
@@ -78,7 +79,7 @@ class Names:
 
     def peer(self, comm_hash: int, comm_rank: int) -> int:
         """The global rank of ``comm_rank``, or ``comm_rank`` itself when unknown
-        (ringrecords' rule: right for a communicator of the whole job in rank order)."""
+        (records' rule: right for a communicator of the whole job in rank order)."""
         return self.peers.get((comm_hash, comm_rank), comm_rank)
 
     def peer_table(self, comm_hash: int, nranks: int) -> npt.NDArray[np.int64]:
@@ -127,7 +128,7 @@ class Names:
     def comm(self, comm_hash: int) -> int:
         i = self._comms.get(comm_hash)
         if i is None:
-            i = self._comms[comm_hash] = self._intern_comm(ringrecords.comm_hex(comm_hash))
+            i = self._comms[comm_hash] = self._intern_comm(records.comm_hex(comm_hash))
         return i
 
     def func(self, code: int) -> int:
@@ -154,14 +155,14 @@ class Names:
         return found
 
 
-def comm_records(path: str, rank: int, copies: ringstate.Copies) -> list[models.CommRecord]:
+def comm_records(path: str, rank: int, copies: livestate.Copies) -> list[models.CommRecord]:
     """A ``comm`` record per live, untorn communicator slot (cheap: at most 16 slots)."""
     out = []
-    for i in np.flatnonzero(copies.comms["state"] != ringlayout.COMM_FREE).tolist():
+    for i in np.flatnonzero(copies.comms["state"] != layout.COMM_FREE).tolist():
         if copies.torn_comms[i]:
             continue
         c = copies.comms[i]
-        check = ringlayout.Checker(
+        check = layout.Checker(
             path, f"comm slot {copies.slots[i]}", 0, copies.since_ns, copies.until_ns
         )
         nranks, comm_rank = check.comm_ranks(int(c["nranks"]), int(c["rank"]), int(c["nnodes"]))
@@ -169,11 +170,11 @@ def comm_records(path: str, rank: int, copies: ringstate.Copies) -> list[models.
             models.CommRecord(
                 rank=rank,
                 ts=check.time("init_ns", int(c["init_ns"])),
-                comm=ringrecords.comm_hex(int(c["comm_hash"])),
+                comm=records.comm_hex(int(c["comm_hash"])),
                 comm_rank=comm_rank,
                 nranks=nranks,
                 nnodes=int(c["nnodes"]),
-                name=check.text("name", bytes(c["name"]), ringlayout.NAME_LEN),
+                name=check.text("name", bytes(c["name"]), layout.NAME_LEN),
             )
         )
     return out
@@ -185,12 +186,12 @@ class Part:
 
     path: str
     rank: int
-    copies: ringstate.Copies
+    copies: livestate.Copies
     taken_ns: int
 
 
 def state_rows(
-    path: str, rank: int, copies: ringstate.Copies, taken_ns: int, names: Names
+    path: str, rank: int, copies: livestate.Copies, taken_ns: int, names: Names
 ) -> StateRows:
     """The ``state`` rows of one copy: one per communicator with an op in flight."""
     return state_rows_batch([Part(path, rank, copies, taken_ns)], names)[0]
@@ -201,7 +202,7 @@ def state_rows_batch(parts: list[Part], names: Names) -> list[StateRows]:
     and every step runs once for all of them, so numpy's per-call cost (a few µs, the bulk of
     the work for one ring) is paid once per tick, not once per ring.
 
-    The copies hold only live communicators and their visible flow slots (``ringstate.Copies``),
+    The copies hold only live communicators and their visible flow slots (``livestate.Copies``),
     so every step sees a few hundred rows, not the whole (rings x 16 x 128) flow region.
     """
     if not parts:
@@ -216,7 +217,7 @@ def state_rows_batch(parts: list[Part], names: Names) -> list[StateRows]:
         flow_row = flow_row + np.repeat(np.cumsum(sizes) - sizes, nflows)
     part_of = np.repeat(np.arange(len(parts)), sizes)
     taken = np.repeat(np.array([p.taken_ns for p in parts], dtype=np.int64), sizes)
-    # Each ring's plausible times, per comm row (ringlayout.TIME_SLACK_NS): 0 is "not known".
+    # Each ring's plausible times, per comm row (layout.TIME_SLACK_NS): 0 is "not known".
     since = np.repeat(np.array([p.copies.since_ns for p in parts], dtype=np.int64), sizes)
     until = np.repeat(np.array([p.copies.until_ns for p in parts], dtype=np.int64), sizes)
     slot_of = _concat([p.copies.slots for p in parts])
@@ -293,9 +294,9 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     """States (``rank`` = the comm row, mapped to its part by the caller) and their flows.
     ``span``: the plausible times of each comm row's ring (since, until; ns)."""
     ops = comms["ops"]
-    live = (comms["state"] != ringlayout.COMM_FREE) & ~torn_comms
+    live = (comms["state"] != layout.COMM_FREE) & ~torn_comms
     func = ops["func"]
-    active = (ops["state"] == ringlayout.OP_ACTIVE) & live[:, None]
+    active = (ops["state"] == layout.OP_ACTIVE) & live[:, None]
     # A torn op slot whose values are out of domain is left out, like the reference does.
     # (seq | bytes) <= INT64_MAX: both are (the top bit of neither is set)
     since, until = span
@@ -324,8 +325,8 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     (cand,) = np.nonzero(
         has[fl.row]
         & (s["serial"] == in_flight[fl.row])
-        & (s["dir"] != ringlayout.DIR_NONE)
-        & (s["state"] != ringlayout.FLOW_FREE)
+        & (s["dir"] != layout.DIR_NONE)
+        & (s["state"] != layout.FLOW_FREE)
     )
     row, col = fl.row[cand], fl.col[cand]
     # Whole slots in one gather: ``take`` copies them as bytes (a fancy index on a structured
@@ -335,8 +336,8 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     good = (
         (rp >= sd)
         & (sd >= dc)
-        & (f["dir"] <= ringlayout.DIR_RECV)
-        & (f["state"] < len(ringlayout.FLOW_STATE_NAMES))
+        & (f["dir"] <= layout.DIR_RECV)
+        & (f["state"] < len(layout.FLOW_STATE_NAMES))
         & (f["peer"] >= 0)
         & (f["peer"] < comms["nranks"][row])
         & _plausible(f["last_progress_ns"], since[row], until[row])
@@ -352,7 +353,7 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     f = f.take(keep)
     a, b, c = f["c_ready_posted"], f["c_sent_done"], f["c_done_consumed"]
     flows = np.empty(len(row), tables.FLOW_DTYPE)
-    send = f["dir"] == ringlayout.DIR_SEND
+    send = f["dir"] == layout.DIR_SEND
     flows["channel"] = f["channel"]
     flows["peer"] = _global_peers(comms, row, f["peer"], names)
     flows["dir"] = np.where(send, tables.SEND, tables.RECV)

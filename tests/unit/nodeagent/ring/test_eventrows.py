@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-from collscope.nodeagent import eventrows, livestate, ringevents, window
+from collscope.nodeagent import window
+from collscope.nodeagent.ring import eventlog, eventrows, staterows
 
 T0 = 1_732_001_234_000_000_000
 COMM = 0xABC
 
 
-def op(index: int, **kw: object) -> ringevents.OpEvent:
+def op(index: int, **kw: object) -> eventlog.OpEvent:
     fields: dict[str, object] = dict(
         index=index, comm_hash=COMM, comm_slot=0, seq=index, op="Send", bytes=64,
         dtype="float32", algo="", proto="Simple", nchannels=1, flags=0,
         start_ns=T0 + index, end_ns=T0 + index + 5, peer=None, gpu_ns=0,
     )  # fmt: skip
     fields.update(kw)
-    return ringevents.OpEvent(**fields)  # type: ignore[arg-type]
+    return eventlog.OpEvent(**fields)  # type: ignore[arg-type]
 
 
 def test_ops_and_inits() -> None:
     w = window.Window(window_s=60, memory_cap_bytes=1 << 20)
-    names = livestate.Names(w.comm_ids, w.strings)
-    init = ringevents.CommEvent(
+    names = staterows.Names(w.comm_ids, w.strings)
+    init = eventlog.CommEvent(
         index=0, kind="init", comm_hash=COMM, comm_slot=0, rank=1, nranks=2, nnodes=1,
         profiler_api=5, time_ns=T0, name="pp",
     )  # fmt: skip
