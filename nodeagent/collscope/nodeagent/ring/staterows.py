@@ -293,6 +293,29 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
 ) -> tuple[tables.Table, tables.Table]:
     """States (``rank`` = the comm row, mapped to its part by the caller) and their flows.
     ``span``: the plausible times of each comm row's ring (since, until; ns)."""
+    picked = _in_flight(comms, torn_comms, torn_ops, span, where)
+    if picked is None:
+        return _NO_STATES, _NO_FLOWS
+    has, in_flight, ci, pj = picked
+    row, flows = _flow_rows(
+        comms, fl, has=has, in_flight=in_flight, taken=taken, span=span, names=names, where=where
+    )
+    states = _state_rows(comms, ci, pj, row=row, taken=taken, names=names, where=where)
+    return states, flows
+
+
+def _in_flight(
+    comms: npt.NDArray[Any],
+    torn_comms: npt.NDArray[np.bool_],
+    torn_ops: npt.NDArray[np.bool_],
+    span: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    where: Callable[[int], tuple[str, int]],
+) -> (
+    tuple[npt.NDArray[np.bool_], npt.NDArray[Any], npt.NDArray[np.intp], npt.NDArray[np.intp]]
+    | None
+):
+    """Per comm row, the active op with the lowest serial (ring header protocol §2): whether
+    the row has one, its serial, and the rows that have one with its op slot; None if none."""
     ops = comms["ops"]
     live = (comms["state"] != layout.COMM_FREE) & ~torn_comms
     func = ops["func"]
@@ -316,9 +339,26 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     has = active.any(axis=1)
     ci = np.flatnonzero(has)
     if len(ci) == 0:
-        return _NO_STATES, _NO_FLOWS
+        return None
     pj = pick[ci]
     in_flight = serial.min(axis=1)  # the serial at ``pick``
+    return has, in_flight, ci, pj
+
+
+def _flow_rows(
+    comms: npt.NDArray[Any],
+    fl: _Flows,
+    *,
+    has: npt.NDArray[np.bool_],
+    in_flight: npt.NDArray[Any],
+    taken: npt.NDArray[np.int64],
+    span: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    names: Names,
+    where: Callable[[int], tuple[str, int]],
+) -> tuple[npt.NDArray[np.intp], tables.Table]:
+    """The flows of the ops in flight, in (comm row, channel, send before recv, peer) order,
+    with the comm row of each."""
+    since, until = span
     # Candidates first, with the cheapest tests over every copied flow; every other check
     # runs on the gathered candidates only.
     s = fl.slots
@@ -364,6 +404,22 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     flows["done"] = np.where(send, c, b)
     flows["consumed"] = np.where(send, -1, c)
     flows["idle_ns"] = np.maximum(0, taken[row] - f["last_progress_ns"])
+    return row, flows
+
+
+def _state_rows(
+    comms: npt.NDArray[Any],
+    ci: npt.NDArray[np.intp],
+    pj: npt.NDArray[np.intp],
+    *,
+    row: npt.NDArray[np.intp],
+    taken: npt.NDArray[np.int64],
+    names: Names,
+    where: Callable[[int], tuple[str, int]],
+) -> tables.Table:
+    """One state per comm row ``ci`` with an op in flight (op slot ``pj``), pointing at its
+    flows (``row``: the comm row of each flow, in order)."""
+    ops = comms["ops"]
     counts = np.bincount(row, minlength=len(comms))[ci]
     hi = np.cumsum(counts)
     # Signed before any np.where with -1: NumPy keeps an unsigned dtype there and -1 would wrap
@@ -384,14 +440,14 @@ def _rows(  # noqa: PLR0917 - the stacked arrays of state_rows_batch, unpacked o
     states["ts"] = taken[ci]
     states["comm"] = names.comm_ids(comms["comm_hash"][ci])
     states["seq"] = ops["seq"][ci, pj]
-    states["op"] = names.func_ids(func[ci, pj])
+    states["op"] = names.func_ids(ops["func"][ci, pj])
     states["bytes"] = ops["bytes"][ci, pj]
     states["start"] = ops["start_ns"][ci, pj]
     states["kernel_channels"] = np.where(kernel, nch, -1)
     states["kernel_done"] = np.where(kernel, kch_done, -1)
     states["flow_lo"] = hi - counts
     states["flow_hi"] = hi
-    return states, flows
+    return states
 
 
 def _plausible(t: npt.NDArray[Any], since: Any, until: Any) -> npt.NDArray[np.bool_]:
