@@ -19,8 +19,9 @@ from collscope.nodeagent.ring import layout
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 HEADER = ROOT / "native" / "include" / "collscope_ring.h"
-# Module constants that are not header macros.
-NOT_MACROS = {"INT64_MAX"}
+# Module constants that are not header macros: the reader's own limits (the plausible-time
+# window of issue 15 item 3 is the reader's rule, not part of the format the plugin writes).
+NOT_MACROS = {"INT64_MAX", "TIME_SLACK_NS", "EPOCH_FLOOR_NS"}
 # Python name -> macro name, where it is not "COLLSCOPE_" + the Python name.
 RENAMED = {"MAGIC": "COLLSCOPE_RING_MAGIC", "VERSION": "COLLSCOPE_RING_VERSION"}
 # Enumeration name tables: Python table, macro prefix, and the macro suffix of names whose
