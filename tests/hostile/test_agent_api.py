@@ -14,10 +14,12 @@ reads its own pods' data only, whatever namespace another tenant's ring header c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pathlib
 import ssl
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Final
 
 import httpx
 import pydantic
@@ -253,4 +255,65 @@ def test_a_job_owner_cannot_read_another_namespaces_window(tmp_path: pathlib.Pat
         assert node.dumps.pids == []
     finally:
         srv.stop()
+        api.stop()
+
+
+class AudienceApiServer(test_auth.FakeApiServer):
+    """Tokens carry an audience: the API server's own ("api") or the agents' ("collscope-agent").
+    A TokenReview without audiences accepts only "api" tokens, one with audiences only those."""
+
+    TOKENS: Final = {
+        "op-agent-token": (test_auth.OPERATOR, "collscope-agent"),  # projected, for agents
+        "op-api-token": (test_auth.OPERATOR, "api"),  # the operator's ordinary token, stolen
+        "prometheus-token": ("system:serviceaccount:monitoring:prometheus", "api"),
+    }
+
+    def __init__(self) -> None:
+        users = {t: u for t, (u, _) in self.TOKENS.items()}
+        allowed = {(test_auth.OPERATOR, "get", "agents/data"),
+                   ("system:serviceaccount:monitoring:prometheus", "get", "/metrics")}  # fmt: skip
+        super().__init__(users=users, allowed=allowed)
+
+    async def tokenreviews(self, request: web.Request) -> web.Response:
+        body = await self._check(request)
+        user, aud = self.TOKENS.get(body["spec"]["token"], ("", ""))
+        wanted = body["spec"].get("audiences") or ["api"]
+        if not user or aud not in wanted:
+            return web.json_response({**body, "status": {"authenticated": False}}, status=201)
+        status = {"authenticated": True, "audiences": [aud],
+                  "user": {"username": user, "groups": ["system:authenticated"]}}  # fmt: skip
+        return web.json_response({**body, "status": status}, status=201)
+
+
+def test_a_token_for_another_audience_is_refused(tmp_path: pathlib.Path) -> None:
+    """With COLLSCOPE_AUTH_AUDIENCES (the chart: agent.auth.audience), the operator's ordinary
+    ServiceAccount token, stolen from its pod, opens nothing; its projected token for the
+    agents does. /metrics still takes Prometheus' ordinary token."""
+    api = ApiServerThread(AudienceApiServer())
+    token = tmp_path / "agent-token"
+    token.write_text(test_auth.AGENT_TOKEN)
+    crt, key = test_server_limits.self_signed(tmp_path / "tls", "agent.test")
+    cfg = test_server_limits.config(
+        tmp_path / "trace", tls=settings.TLSSettings(cert_file=str(crt), key_file=str(key))
+    )
+    cfg = dataclasses.replace(
+        cfg, auth=dataclasses.replace(cfg.auth, audiences=("collscope-agent",))
+    )
+    reviewer = auth.KubeReviewer(api.url, auth.TokenFile(str(token)), audiences=cfg.auth.audiences)
+    a = agent.Agent(cfg, stacks_dumper=CountingStacks(), proc_root=None, reviewer=reviewer)
+    a.start()
+    host, port = a.server.address
+    node = Node(f"https://{host}:{port}", crt, CountingStacks())
+    try:
+        with node.client("op-api-token") as c:
+            assert c.get("/v1/ranks").status_code == 401
+            assert c.get("/metrics").status_code == 403  # authenticated there, not allowed
+        with node.client("op-agent-token") as c:
+            assert c.get("/v1/ranks").status_code == 200
+            assert c.get("/metrics").status_code == 401  # not a token for the API server
+        with node.client("prometheus-token") as c:
+            assert c.get("/metrics").status_code == 200
+            assert c.get("/v1/ranks").status_code == 401
+    finally:
+        a.stop()
         api.stop()

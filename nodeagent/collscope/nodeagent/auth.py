@@ -20,6 +20,13 @@ open the kubelet's exec and logs)::
     GET  /metrics                 get    non-resource /metrics (kube-rbac-proxy's convention,
                                          so Prometheus' usual ClusterRole covers it)
 
+Audiences: with ``audiences`` set (``COLLSCOPE_AUTH_AUDIENCES``; the chart's
+``agent.auth.audience``), a token is accepted only if it was issued for one of them: the
+operator presents a projected token for that audience, which the API server itself refuses,
+so an agent that sees it cannot replay it elsewhere, and a pod's ordinary token stolen
+elsewhere is refused here. ``/metrics`` alone takes the API server's own audience (Prometheus
+scrapes with its ordinary token; ``KubeReviewer.for_audiences``).
+
 These rights are node-wide. A caller refused them (a job owner) may still be allowed for its
 own namespace's pods: a request that names workloads is asked again with ``namespace`` set to
 the namespace of each of their pods, as the API server has it (``tenancy.py``, ``server.py``),
@@ -204,6 +211,12 @@ class KubeReviewer:
             "authorization.k8s.io", "subjectaccessreviews", "SubjectAccessReview", spec
         )
         return status.get("allowed") is True
+
+    def for_audiences(self, audiences: tuple[str, ...]) -> KubeReviewer:
+        """The same reviewer (API server, own token, TLS) accepting tokens of ``audiences``
+        instead: ``server.Server`` reviews Prometheus' ordinary token for ``/metrics`` so."""
+        return KubeReviewer(self.api_server, self._token, ssl_context=self._ssl,
+                            audiences=audiences, timeout_s=self._timeout.total or 5.0)  # fmt: skip
 
     async def node_pods(self, node: str) -> dict[str, tenancy.PodRef]:
         """uid -> namespace/name of the pods bound to ``node`` (``GET /api/v1/pods`` with

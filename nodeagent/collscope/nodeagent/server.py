@@ -115,6 +115,13 @@ class Server:
             if a.mode == "none" or reviewer is None
             else auth.Cache(reviewer, ttl_s=a.cache_ttl_s, denied_ttl_s=a.denied_ttl_s)
         )
+        # /metrics: Prometheus' ordinary token, of the API server's audience (auth.py).
+        self.metrics_reviewer = self.reviewer
+        if self.reviewer is not None and isinstance(reviewer, auth.KubeReviewer) and a.audiences:
+            plain = reviewer.for_audiences(())
+            self.metrics_reviewer = auth.Cache(
+                plain, ttl_s=a.cache_ttl_s, denied_ttl_s=a.denied_ttl_s
+            )
         # Job owners' namespaced access needs the pods' namespaces from the API server.
         self.pods = (
             tenancy.Pods(reviewer, svc.node)
@@ -214,8 +221,9 @@ class Server:
                 reload.cancel()
             srv.close()
             await runner.cleanup()
-            if self.reviewer is not None and hasattr(self.reviewer.reviewer, "aclose"):
-                await self.reviewer.reviewer.aclose()
+            for cache in {id(c): c for c in (self.reviewer, self.metrics_reviewer) if c}.values():
+                if hasattr(cache.reviewer, "aclose"):
+                    await cache.reviewer.aclose()
 
     async def _reload_certificate(self) -> None:
         assert self.tls is not None
@@ -268,12 +276,14 @@ class Server:
         if token is None:
             msg = "a bearer token is required (Authorization: Bearer)"
             raise Refusal(401, msg, WWW_Authenticate=challenge)
-        user = await self.reviewer.authenticate(token)
+        cache = self.metrics_reviewer if path in auth.NON_RESOURCE else self.reviewer
+        assert cache is not None
+        user = await cache.authenticate(token)
         if user is None:
             msg = "the token was not accepted (TokenReview)"
             raise Refusal(401, msg, WWW_Authenticate=challenge)
         attrs = auth.attributes(method, path, self.svc.node)
-        if attrs is None or await self.reviewer.authorize(user, attrs):
+        if attrs is None or await cache.authorize(user, attrs):
             return user.name
         scope = await self._scoped(request, user, attrs)
         if scope is not None:

@@ -150,7 +150,8 @@ def test_operator_env_is_read_by_the_operator(chart: Any) -> None:
     assert values["operator"]["agentURL"] == ""
     assert config.agents.url_template == f"https://{{node_ip}}:{values['agent']['port']}"
     assert config.agents.server_name == "collscope-agent.collscope-system.svc"
-    assert config.agents.token_file.endswith("/serviceaccount/token")
+    # ... the token presented is a projected one for the agents' audience only
+    assert config.agents.token_file == "/var/run/secrets/collscope.dev/agent-token/token"
     assert config.remediation == policy.RemediationPolicy.from_values(values["remediation"])
     assert config.breaker.max_fraction == values["breaker"]["maxFraction"]
     assert config.webhook_port == values["webhook"]["port"]
@@ -168,6 +169,33 @@ def test_operator_env_is_read_by_the_operator(chart: Any) -> None:
     # the agents' CA only, never their key
     only_ca = [{"key": "ca.crt", "path": "ca.crt"}]
     assert volumes["agent-ca"]["secret"] == {"secretName": "collscope-agent-tls", "items": only_ca}
+
+
+def test_the_operator_presents_a_token_for_the_agents_audience_only(chart: Any) -> None:
+    docs = chart.render()
+    pod = chart.find(docs, "Deployment")["spec"]["template"]["spec"]
+    op = settings.Settings.from_env(chart.env(pod["containers"][0]))
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    volume = {v["name"]: v for v in pod["volumes"]}["agent-token"]
+    assert op.agents.token_file == mounts["agent-token"]["mountPath"] + "/token"
+    [source] = volume["projected"]["sources"]
+    sat = source["serviceAccountToken"]
+    assert sat["path"] == "token" and sat["expirationSeconds"] == 3600
+    ds = chart.find(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    agent = agent_settings.Settings.from_env(chart.env(ds))
+    assert agent.auth.audiences == (sat["audience"],) == ("collscope-agent",)
+    # Without an audience (or without auth): the operator's ordinary token, no projection.
+    for values in ({"agent": {"auth": {"enabled": True, "audience": ""}}},
+                   VARIANTS["agent-plain"]):  # fmt: skip
+        docs = chart.render(values)
+        pod = chart.find(docs, "Deployment")["spec"]["template"]["spec"]
+        op = settings.Settings.from_env(chart.env(pod["containers"][0]))
+        assert op.agents.token_file.endswith("/serviceaccount/token")
+        assert "agent-token" not in {v["name"] for v in pod["volumes"]}
+        ds = chart.find(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+        assert agent_settings.Settings.from_env(chart.env(ds)).auth.audiences == ()
+    with pytest.raises(Exception, match="audience"):
+        chart.render({"agent": {"auth": {"enabled": True, "audience": "a,b"}}})
 
 
 def test_agent_env_is_read_by_the_agent(chart: Any) -> None:
