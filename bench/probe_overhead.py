@@ -8,19 +8,6 @@ dormant (a ``stat`` of the arm file every 0.5 s) and with it armed (sampling the
 thread's stack at 100 Hz), and no probe again (the difference between the two runs without a
 probe is the noise of the machine), 300 iterations a round, the four interleaved in rotating order
 for 12 rounds so that drift of a shared machine hits all alike; medians per iteration.
-
-Then the torch-hook probe (``probe/install.py``), two measurements, one core:
-
-1. the probe's own cost: ``Probe.on_event`` for one ``next`` and one ``step`` (what every
-   iteration of a plain loop adds), timed over 200,000 iterations;
-2. end to end: a small model (MLP 512-1024-512, batch 64, SGD, a map-style DataLoader) trained
-   in rounds of 300 iterations: 3 before attaching, then, attached through the same hooks the
-   sitecustomize installs (DataLoader ``__next__`` wrapper, global optimizer step hook), 6
-   rounds enabled interleaved with 6 disabled; medians compared.
-
-Profiling is kept out of the window by a lead of 10^9 iterations (a request is written when
-degradation is seen, but its start is never reached). Without torch the script says so and
-exits 0.
 """
 
 from __future__ import annotations
@@ -39,19 +26,7 @@ import threading
 import time
 from typing import Any
 
-from collscope.nodeagent.probe import config, install, runtime
 from collscope.nodeagent.probe.site import collscope_probe
-
-
-def per_event_cost_ns(trace_dir: str) -> float:
-    s = config.ProbeSettings(enabled=True, trace_dir=trace_dir, lead=10**9)
-    p = runtime.Probe(s, torch=None)
-    n = 200_000
-    t0 = time.perf_counter_ns()
-    for _ in range(n):
-        p.on_event("next")
-        p.on_event("step")
-    return (time.perf_counter_ns() - t0) / n
 
 
 def train(torch: Any, iters: int) -> float:
@@ -143,36 +118,6 @@ def main() -> int:
         f"{torch.__version__}, python {platform.python_version()}"
     )
     dormant_probe(torch)
-    with tempfile.TemporaryDirectory() as trace:
-        cost = per_event_cost_ns(trace)
-        print(f"probe cost per iteration (1 next + 1 step): {cost / 1000:.2f} µs")
-        train(torch, 100)  # warm-up
-        bare = [train(torch, 300) for _ in range(3)]
-        env = {
-            "COLLSCOPE_PROBE": "1",
-            "COLLSCOPE_TRACE_DIR": trace,
-            "COLLSCOPE_PROBE_LEAD": str(10**9),
-        }
-        if not install.install(env) or install.probe() is None:
-            print("probe_overhead: the probe did not attach", file=sys.stderr)
-            return 1
-        p = install.probe()
-        on, off = [], []
-        for _ in range(6):  # interleaved, so drift of a shared machine hits both alike
-            p.enabled = True
-            on.append(train(torch, 300))
-            p.enabled = False  # hooks still in place, returning at once
-            off.append(train(torch, 300))
-        b, o, f = (statistics.median(x) for x in (bare, on, off))
-        print(
-            f"iteration (median of rounds of 300): {b * 1e3:.3f} ms before attaching, "
-            f"{f * 1e3:.3f} ms attached but disabled, {o * 1e3:.3f} ms probing: "
-            f"{100 * (o - f) / f:+.3f} % (enabled vs disabled, noise included)"
-        )
-        print(
-            f"the probe's own cost is {100 * cost / 1e9 / b:.4f} % of this iteration and "
-            f"{100 * cost / 1e9:.5f} % of a 1 s one"
-        )
     return 0
 
 

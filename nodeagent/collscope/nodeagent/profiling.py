@@ -22,7 +22,7 @@ CPU utilisation covers the interval since the previous one, so it is placed at i
 ``probe.summarise`` then gives β (share of the window on the critical path: the innermost
 function of the training thread) and μ, sigma of the training thread's CPU utilisation over
 each execution's critical duration (Algorithm 1). Every function is of kind ``python``: GPU
-kernels need CUPTI or torch's profiler (``probe/install.py``), which this probe does not load.
+kernels need CUPTI or torch's profiler, which this probe does not load.
 """
 
 from __future__ import annotations

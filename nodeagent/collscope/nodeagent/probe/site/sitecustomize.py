@@ -6,8 +6,6 @@ The webhook copies this directory into the pod's plugin volume and injects it
 
 - ``dormant`` (or unset): ``collscope_probe.start()``, the standard-library probe that sleeps
   until the node agent arms it (``probe.arm`` in the trace directory);
-- ``1``: that, and the torch-profiler probe of ``collscope.nodeagent.probe.install`` when the
-  image has collscope installed (it detects degradation itself, EROICA §4.1);
 - ``0`` / ``off``: nothing (pods annotated ``collscope.dev/probe: "off"``).
 
 It then runs the next ``sitecustomize`` on ``sys.path`` (the image's own, if any), which this
@@ -31,17 +29,6 @@ def _dormant() -> None:
         return
 
 
-def _install() -> None:
-    if os.environ.get("COLLSCOPE_PROBE") != "1":
-        return
-    try:
-        from collscope.nodeagent.probe import install
-
-        install.install()
-    except Exception:  # not installed in this image, or anything else: training goes on
-        return
-
-
 def _chain() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     for entry in sys.path:
@@ -59,5 +46,4 @@ def _chain() -> None:
 
 
 _dormant()
-_install()
 _chain()
