@@ -23,10 +23,13 @@ Retries: a connection error, a timeout or a 5xx answer is retried ``retries`` ti
 exponential backoff (``backoff_s``, doubled each time); a 4xx answer is our mistake and is not.
 The timeout and the retries default to ``access``'s (``settings.AgentSettings``: one source of
 truth); callers that need others (a longer timeout for stacks, no retry for a dump) say so.
+``access`` is required: it also carries the CA, the certificate name and the token file, and a
+client built without them would meet an authorizing agent with 401s (a hardware re-check once
+did, so confirmation could never succeed with authorization on).
 This module is the one boundary where httpx and pydantic errors become
 ``errors.AgentUnreachable`` / ``errors.AgentError``, always ``from`` the original. Usage::
 
-    client = agents.AgentClient("node-3", "http://10.0.0.3:9464")
+    client = agents.AgentClient("node-3", "http://10.0.0.3:9464", access=settings.agents)
     got, failed = await agents.gather({"node-3": client.ranks()})
 """
 
@@ -82,11 +85,10 @@ class AgentClient:
         retries: int | None = None,
         backoff_s: float = DEFAULT_BACKOFF_S,
         transport: httpx.AsyncBaseTransport | None = None,
-        access: settings.AgentSettings | None = None,
+        access: settings.AgentSettings,
     ) -> None:
-        defaults = access or settings.AgentSettings()
-        timeout_s = defaults.timeout_s if timeout_s is None else timeout_s
-        retries = defaults.retries if retries is None else retries
+        timeout_s = access.timeout_s if timeout_s is None else timeout_s
+        retries = access.retries if retries is None else retries
         if retries < 0 or backoff_s < 0 or timeout_s <= 0:
             raise ValueError(f"agent client {node}: bad timeout/retries/backoff")
         self.node = node
@@ -94,10 +96,10 @@ class AgentClient:
         self._retries = retries
         self._backoff_s = backoff_s
         secure = self.base_url.startswith("https://")
-        ca = access.ca_file if access else ""
-        self._token = _token(access.token_file) if access and access.token_file and secure else None
+        ca = access.ca_file
+        self._token = _token(access.token_file) if access.token_file and secure else None
         self._extensions = (
-            {"sni_hostname": access.server_name} if access and access.server_name and secure else {}
+            {"sni_hostname": access.server_name} if access.server_name and secure else {}
         )
         self._http = httpx.AsyncClient(
             base_url=self.base_url,

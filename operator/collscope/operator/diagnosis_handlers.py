@@ -378,7 +378,9 @@ def hardware_source(memo: kopf.Memo, job: jobs.JobKey) -> remediator.HardwareSou
         url = memo.directory(node, ip or pods.nodes(job).get(node, ""))
         if url is None:
             raise errors.AgentUnreachable(f"no agent URL for node {node}")
-        client = agents.AgentClient(node, url, timeout_s=cfg.agents.timeout_s + 2.0, retries=1)
+        client = agents.AgentClient(
+            node, url, timeout_s=cfg.agents.timeout_s + 2.0, retries=1, access=cfg.agents
+        )
         try:
             got = await client.hardware(since_ns=since_ns, until_ns=until_ns)
         finally:

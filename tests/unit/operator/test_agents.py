@@ -34,6 +34,7 @@ def client(handler: Handler, *, retries: int = 2) -> agents.AgentClient:
         transport=httpx.MockTransport(handler),
         retries=retries,
         backoff_s=0.0,
+        access=settings.AgentSettings(),
     )
 
 
@@ -67,7 +68,11 @@ def test_timeout_and_retries_default_to_the_agent_settings() -> None:
         raise httpx.ConnectError("connection refused", request=req)
 
     plain = agents.AgentClient(
-        "node-1", "http://agent.test:9464", transport=httpx.MockTransport(handler), backoff_s=0.0
+        "node-1",
+        "http://agent.test:9464",
+        transport=httpx.MockTransport(handler),
+        backoff_s=0.0,
+        access=settings.AgentSettings(),
     )
     with pytest.raises(errors.AgentUnreachable):
         asyncio.run(plain.ranks())

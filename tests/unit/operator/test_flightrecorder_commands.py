@@ -22,8 +22,9 @@ import pytest
 
 from collscope.nodeagent import api, frdump
 from collscope.nodeagent import flightrecorder as agent_fr
-from collscope.operator import agents, cli, flightrecorder_commands
+from collscope.operator import agents, cli, flightrecorder_commands, settings
 
+ACCESS = settings.AgentSettings()
 MAKE_DUMPS = pathlib.Path(__file__).parents[2] / "fixtures" / "flightrecorder" / "make_dumps.py"
 
 
@@ -34,7 +35,9 @@ def client(node: str, answer: Mapping[str, Any], asked: list[dict[str, Any]]) ->
         return httpx.Response(200, json=answer)
 
     url = f"http://{node}:9464"
-    return agents.AgentClient(node, url, transport=httpx.MockTransport(handler), retries=0)
+    return agents.AgentClient(
+        node, url, transport=httpx.MockTransport(handler), retries=0, access=ACCESS
+    )
 
 
 def agent_answer(files: Mapping[int, pathlib.Path]) -> dict[str, Any]:
