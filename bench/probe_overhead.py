@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from collscope.nodeagent.probe.site import collscope_probe
+from collscope.probe.site import collscope_probe
 
 
 def train(torch: Any, iters: int) -> float:

@@ -2,8 +2,8 @@
 
 The agent's half of EROICA's on-demand profiling (§4.1, "profiling on degradation" with every
 worker profiled) on Kubernetes. ``POST /v1/profile`` (``api.ProfileRequest``) writes the arm
-file the probe watches (``probe/site/collscope_probe.py``) into the trace directory of each
-asked-for rank on this node::
+file the probe watches (``collscope.probe``: ``site/collscope_probe.py``) into the trace
+directory of each asked-for rank on this node::
 
     <trace_dir>/probe.arm  {"id": "diag-x", "window_s": 10, "deadline_ns": ..., "hz": 100,
                             "ranks": [0, 1]}
@@ -19,7 +19,7 @@ them, ``no probe`` when no file of this id appeared before the deadline (nothing
 From samples to patterns (EROICA §4.2): a run of consecutive samples with the same stack is one
 execution of that function, from the sample before the run to its last sample (each sample's
 CPU utilisation covers the interval since the previous one, so it is placed at its middle);
-``probe.summarise`` then gives β (share of the window on the critical path: the innermost
+``patterns.summarise`` then gives β (share of the window on the critical path: the innermost
 function of the training thread) and μ, sigma of the training thread's CPU utilisation over
 each execution's critical duration (Algorithm 1). Every function is of kind ``python``: GPU
 kernels need CUPTI or torch's profiler, which this probe does not load.
@@ -37,8 +37,8 @@ import numpy as np
 
 from collscope.nodeagent import api, errors, service
 from collscope.nodeagent.bundle import models
-from collscope.nodeagent.probe import summarise
-from collscope.nodeagent.probe.site import collscope_probe
+from collscope.nodeagent.patterns import summarise
+from collscope.probe.site import collscope_probe
 
 ARM_FILE = collscope_probe.ARM_FILE
 MAIN_TID = 1  # the probe samples one thread: every execution is on it

@@ -22,15 +22,15 @@ A pod whose annotations carry ``collscope.dev/diagnose: "true"`` gets:
   the pod says otherwise), where the agent looks: a few MB per rank kept out of the tmpfs, whose
   size limit evicts the pod when exceeded.
 
-- the dormant EROICA probe (``probe/site/``: ``sitecustomize.py`` + ``collscope_probe.py``,
-  standard library only) copied by the same init container into ``<plugin_dir>/probe`` and put
-  first on ``PYTHONPATH`` with ``COLLSCOPE_PROBE=dormant`` (``probe_env``): it sleeps until the
-  node agent arms it (``POST /v1/profile``). A container that sets ``PYTHONPATH`` by value gets
-  ours prepended. One that does not may still have one from its image's ``ENV``, which the
-  webhook cannot see and a pod-level ``PYTHONPATH`` would hide (breaking the training's
-  imports): such a container gets the probe only when the pod is annotated
-  ``collscope.dev/probe: "on"`` (the owner says the image sets none). ``"off"`` opts out
-  everywhere; a ``PYTHONPATH`` from ``valueFrom`` cannot be prepended to and is left alone.
+- the dormant EROICA probe (``collscope.probe``'s ``site/``: ``sitecustomize.py`` +
+  ``collscope_probe.py``, standard library only) copied by the same init container into
+  ``<plugin_dir>/probe`` and put first on ``PYTHONPATH`` with ``COLLSCOPE_PROBE=dormant``
+  (``probe_env``): it sleeps until the node agent arms it (``POST /v1/profile``). A container
+  that sets ``PYTHONPATH`` by value gets ours prepended. One that does not may still have one
+  from its image's ``ENV``, which the webhook cannot see and a pod-level ``PYTHONPATH`` would
+  hide (breaking the training's imports): such a container gets the probe only when the pod is
+  annotated ``collscope.dev/probe: "on"`` (the owner says the image sets none). ``"off"`` opts
+  out everywhere; a ``PYTHONPATH`` from ``valueFrom`` cannot be prepended to and is left alone.
 
 Rules: pods without the annotation are untouched ([]); anything the pod already has wins (an env
 var, volume, init container or mount path of the same name is kept as it is and ours skipped),

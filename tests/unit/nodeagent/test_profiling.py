@@ -15,7 +15,7 @@ import pytest
 
 from collscope.nodeagent import api, errors, profiling
 from collscope.nodeagent.bundle import models
-from collscope.nodeagent.probe.site import collscope_probe as cp
+from collscope.probe.site import collscope_probe as cp
 
 NODE = "node-1"
 

@@ -409,7 +409,7 @@ def probe_env(spec: RankSpec, pythonpath: str = "") -> dict[str, str]:
     """What the webhook gives a training container for the dormant probe (``injection``):
     the probe's site directory first on ``PYTHONPATH``, ``COLLSCOPE_PROBE=dormant``, and the
     trace directory and rank it needs at interpreter start (``sitecustomize`` runs then)."""
-    found = importlib.util.find_spec("collscope.nodeagent.probe.site")
+    found = importlib.util.find_spec("collscope.probe.site")
     if found is None or not found.submodule_search_locations:
         return {}
     site = next(iter(found.submodule_search_locations))

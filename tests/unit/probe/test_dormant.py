@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collscope.nodeagent.probe.site import collscope_probe as cp
+from collscope.probe.site import collscope_probe as cp
 
 SITE = Path(cp.__file__).resolve().parent
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collscope.nodeagent.probe import critical, summarise
+from collscope.nodeagent.patterns import critical, summarise
 
 
 def test_algorithm1_trims_waiting_gaps() -> None:

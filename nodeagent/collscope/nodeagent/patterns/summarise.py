@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collscope.nodeagent.probe import critical
+from collscope.nodeagent.patterns import critical
 
 PRIORITY = {"kernel": 3, "memory": 2, "comm": 1, "python": 0}
 RESOURCE = {"kernel": "sm", "comm": "nic", "memory": "cpu", "python": "cpu"}
