@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from collscope.operator import progress
 from collscope.operator.simulator.flows import config as flow_config
 from collscope.operator.simulator.flows import engine as flow_sim
 
@@ -72,8 +73,12 @@ def simulate(args: argparse.Namespace) -> int:
     )
     cfg = flow_config.preset(args.gpus, seed=args.seed, duration_s=duration, faults=faults)
     t0 = time.perf_counter()
-    result = flow_sim.simulate(cfg)
-    out = result.write(args.out, compress=not args.uncompressed)
+    bar = progress.Progress(f"simulating {cfg.fabric.gpus} GPUs")
+    result = flow_sim.simulate(cfg, progress=bar)
+    bar.done()
+    bar = progress.Progress(f"writing {len(result):,} flows")
+    out = result.write(args.out, compress=not args.uncompressed, progress=bar)
+    bar.done()
     fab = cfg.fabric
     print(
         f"simulated {fab.gpus} GPUs ({len(cfg.jobs)} jobs on {fab.servers} servers, "

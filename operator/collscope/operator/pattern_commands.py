@@ -16,6 +16,7 @@ import os
 import time
 
 from collscope.nodeagent.bundle import models, reader
+from collscope.operator import progress
 from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis.patterns import engine as pattern_analysis
 from collscope.operator.analysis.patterns import table as pattern_table
@@ -48,7 +49,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def simulate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    out, truth = pattern_sim.write(args.pattern_case, args.workers, args.seed, args.out)
+    bar = progress.Progress(f"simulating {args.workers} workers")
+    out, truth = pattern_sim.write(
+        args.pattern_case, args.workers, args.seed, args.out, progress=bar
+    )
+    bar.done()
     print(
         f"simulated function patterns of {args.workers} workers ({len(cases.FUNCTIONS)} "
         f"functions each) in {time.perf_counter() - t0:.1f}s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from collscope.operator import cli
+from collscope.operator.simulator.patterns import engine as pattern_sim
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,9 +40,37 @@ def _simulate(out: Path, case: str, workers: int = 400, seed: int = 1) -> dict[s
         str(out),
     )
     assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # no progress bar: stderr is not a terminal
     assert f"case: {case}" in res.stdout
     truth: dict[str, object] = json.loads((out / "truth.json").read_text())
     return truth
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_simulate_patterns_draws_progress_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    err = _Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    args = ["simulate", "--kind", "patterns", "--workers", "400", "--seed", "1"]
+    assert cli.main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert err.getvalue().startswith("\rsimulating 400 workers [")
+    last = err.getvalue().rsplit("\r", 1)[-1]
+    assert "[####################] 100%" in last and last.endswith("\n")
+
+
+def test_pattern_writer_reports_each_step(tmp_path: Path) -> None:
+    seen: list[float] = []
+    # 8,000 workers make 88,000 functions.jsonl lines: one report from inside the text
+    pattern_sim.write("healthy", 8000, 1, tmp_path / "b", progress=seen.append)
+    shares = pattern_sim.SHARES
+    assert seen == sorted(seen) and seen[0] == shares["patterns"] and seen[-1] == 1.0
+    assert any(shares["patterns"] < f < shares["lines"] for f in seen)
+    assert shares["lines"] in seen and shares["job"] in seen
 
 
 def test_help_lists_pattern_cases() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def test_simulate_flows_then_analyze_json(tmp_path: Path) -> None:
         "--flow-fault", "slow-job@train-01", "--seed", "4", "--out", str(out),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # no progress bar: stderr is not a terminal
     assert "slow-job on train-01" in res.stdout
     res = _run("analyze", str(out), "--json")
     assert res.returncode == 0, res.stderr
@@ -84,3 +86,32 @@ def test_flow_options_are_documented_and_checked(tmp_path: Path) -> None:
     res = _run("simulate", "--kind", "flows", "--fault", "nic-down", "--out", str(tmp_path / "x"))
     assert res.returncode == cli.EXIT_BAD_INPUT and "--flow-fault" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_simulate_flows_draws_progress_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    err = _Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    args = ["simulate", "--kind", "flows", "--gpus", "64", "--duration", "20", "--seed", "1"]
+    assert cli.main([*args, "--out", str(tmp_path / "f")]) == 0
+    sim, write, rest = err.getvalue().split("\n")  # each bar ends its line at 100 %
+    assert sim.rsplit("\r", 1)[-1].startswith("simulating 64 GPUs [####################] 100%")
+    last = write.rsplit("\r", 1)[-1]
+    assert last.startswith("writing ") and "flows [####################] 100%" in last
+    assert rest == ""
+
+
+def test_flow_simulator_reports_jobs_then_flows(tmp_path: Path) -> None:
+    cfg = flow_config.preset(64, seed=1, duration_s=20.0)
+    ran: list[float] = []
+    res = flow_sim.simulate(cfg, progress=ran.append)
+    assert ran == [(k + 1) / len(cfg.jobs) for k in range(len(cfg.jobs))]
+    written: list[float] = []
+    res.write(tmp_path / "f", progress=written.append)
+    assert written == sorted(written) and written[-1] == 1.0
