@@ -21,8 +21,11 @@ execution of that function, from the sample before the run to its last sample (e
 CPU utilisation covers the interval since the previous one, so it is placed at its middle);
 ``patterns.summarise`` then gives β (share of the window on the critical path: the innermost
 function of the training thread) and μ, sigma of the training thread's CPU utilisation over
-each execution's critical duration (Algorithm 1). Every function is of kind ``python``: GPU
-kernels need CUPTI or torch's profiler, which this probe does not load.
+each execution's critical duration (Algorithm 1). Where the probe also ran torch's profiler
+(a process with torch and CUDA: ``torch.ops``), its kernels, NCCL kernels and memory copies are
+events of kinds ``kernel``, ``comm`` and ``memory``, which outrank Python on the critical path;
+their μ, sigma are 0 (no SM or NIC samples per process yet). A torch source that failed is said
+in the rank's ``reason``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from collscope.probe.site import collscope_probe
 
 ARM_FILE = collscope_probe.ARM_FILE
 MAIN_TID = 1  # the probe samples one thread: every execution is on it
+_OP_KINDS = ("kernel", "comm", "memory")  # what the probe's torch source records
 _NS = 1_000_000_000
 
 
@@ -146,9 +150,14 @@ def _done(svc: service.Service, t: Target, doc: dict[str, Any], job: models.Job)
         records = svc.hardware.window(start, end)
         mine = service.hw_owners(job, {r.device for r in records}, [t.rank])
         use = resource_use(r for r in records if r.device in mine)
+    src = doc.get("torch")
+    why = ""
+    if isinstance(src, dict) and src.get("state") == "failed":
+        why = f"torch profiler failed: {src.get('reason', '')}"[:500]
     return api.RankProfile(
         rank=t.rank,
         state="done",
+        reason=why,
         pid=t.pid,
         start_ns=start,
         end_ns=end,
@@ -176,6 +185,7 @@ def patterns(doc: dict[str, Any], rank: int) -> list[models.FunctionPattern]:
         prev_ts = ts
     if run_idx is not None and run_idx >= 0:
         events.append(summarise.Event(stacks[run_idx], "python", run_start, prev_ts, MAIN_TID))
+    events += torch_events(doc.get("torch"))
     times = np.array([start] + [r[0] for r in rows], dtype=np.float64)
     cpu = summarise.Samples(
         (times[:-1] + times[1:]) / 2,  # each sample's utilisation is of the interval before it
@@ -188,7 +198,7 @@ def patterns(doc: dict[str, Any], rank: int) -> list[models.FunctionPattern]:
         models.FunctionPattern(
             rank=rank,
             fn=p.fn,
-            kind="python",
+            kind=p.kind,
             beta=p.beta,
             mu=p.mu,
             sigma=p.sigma,
@@ -197,6 +207,20 @@ def patterns(doc: dict[str, Any], rank: int) -> list[models.FunctionPattern]:
         for p in found
         if p.beta > 0
     ]
+
+
+def torch_events(src: Any) -> list[summarise.Event]:
+    """The torch source's ops (``collscope_probe.TorchSource``) as events; [] when it did not
+    run. ``[name index, kind, start_ns, end_ns, stream]``, kinds checked."""
+    if not isinstance(src, dict) or src.get("state") != "done":
+        return []
+    names = [str(n) for n in src["names"]]
+    out = []
+    for i, kind, start, end, stream in src["ops"]:
+        if kind not in _OP_KINDS:
+            raise ValueError(f"torch op of kind {kind!r}")
+        out.append(summarise.Event(names[int(i)], kind, int(start), int(end), int(stream)))
+    return out
 
 
 def resource_use(records: Iterable[models.HwRecord]) -> list[api.ResourceUse]:

@@ -110,3 +110,22 @@ def test_patterns_from_samples() -> None:
     pats = {p.fn: p for p in profiling.patterns(doc, 4)}
     assert pats["m.load"].beta == pytest.approx(0.7) and pats["m.load"].mu == 0.0
     assert pats["m.step"].beta == pytest.approx(0.3) and pats["m.step"].mu == 1.0
+
+
+def test_torch_ops_outrank_python_on_the_critical_path() -> None:
+    ms = 1_000_000
+    src: dict[str, Any] = {
+        "state": "done", "names": ["Memcpy HtoD", "ncclDevKernel_AllReduce"],
+        "ops": [[0, "memory", 0, 20 * ms, 7], [1, "comm", 50 * ms, 60 * ms, 8]], "dropped": 0,
+    }  # fmt: skip
+    doc = {"start_ns": 0, "end_ns": 100 * ms, "stacks": ["m.step"],
+           "samples": [[i * 10 * ms, 0, 1.0] for i in range(1, 11)], "torch": src}  # fmt: skip
+    pats = {p.fn: p for p in profiling.patterns(doc, 4)}
+    assert pats["Memcpy HtoD"].kind == "memory" and pats["Memcpy HtoD"].beta == pytest.approx(0.2)
+    assert pats["ncclDevKernel_AllReduce"].kind == "comm"
+    assert pats["m.step"].beta == pytest.approx(0.7) and pats["m.step"].kind == "python"
+    off = dict(doc, torch={"state": "off", "reason": "no CUDA in this process"})
+    assert {p.fn for p in profiling.patterns(off, 4)} == {"m.step"}
+    bad = dict(doc, torch=dict(src, ops=[[0, "python", 0, 1, 1]]))
+    with pytest.raises(ValueError, match="kind 'python'"):
+        profiling.patterns(bad, 4)

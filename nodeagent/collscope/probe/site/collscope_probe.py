@@ -21,6 +21,15 @@ first, and writes ``probe.<pid>.json`` beside the arm file::
      "stacks": ["train.main;train.step;data.load_batch", ...],
      "samples": [[1732001234010000000, 0, 0.97], ...]}   # ts_ns, stack index (-1: none), util
 
+When the training process has imported torch (``sys.modules``: the probe never imports it) and
+initialised CUDA, torch's profiler records the same window (``TorchSource``: CUPTI through
+Kineto, all threads): GPU kernels (``comm`` when NCCL's), memory copies and sets, as
+``"torch": {"state": "done", "names": [...], "ops": [[name index, kind, start_ns, end_ns,
+stream], ...], "dropped": 0}``; ``state`` ``off`` (no torch, or no CUDA: CPU operators are not
+recorded, ~1.4 GB of profiler memory a second for a small-op loop on x86_64) or ``failed`` with
+``reason`` (another profiler holds CUPTI, say). A failure of this source disarms it alone, with
+one log line; the stack sampling goes on. The profiler is always switched off at the end.
+
 ``state`` is ``armed`` while it samples (the agent's proof that this process took the request),
 then ``done``, or ``failed`` with ``reason``. The agent turns the samples into β, μ, sigma per
 function (EROICA §4.2; ``collscope.nodeagent.profiling``). A function's identity is its
@@ -35,6 +44,7 @@ into the training process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -48,6 +58,9 @@ POLL_S = 0.5  # how often the dormant thread stats the arm file: arming waits at
 MAX_STACK = 4  # frames in a function's identity: enough to tell callers apart, short to read
 MAX_WINDOW_S = 120.0  # an arm file asking for longer is clipped: the probe always disarms
 MAX_HZ = 1000.0  # a sample costs ~20 µs of the GIL; 1 kHz is ~2 % of one core
+MAX_OPS = 200_000  # torch ops kept per window (~15 MB of JSON); the rest are counted as dropped
+# torch operators that move or allocate memory: EROICA's memory kind, above Python on the path
+MEMORY_OPS = ("pin_memory", "aten::copy_", "aten::to", "aten::_to_copy")
 _HERE = os.path.abspath(__file__)[:-1] if __file__.endswith(".pyc") else os.path.abspath(__file__)
 
 _started: dict[str, Any] = {}
@@ -135,18 +148,39 @@ class Probe:
         """Sample for the window; always disarmed on return."""
         head = {"id": req["id"], "pid": self.pid, "rank": self.rank, "hz": req["hz"]}
         self.armed = True
+        src = self.torch_source()
         try:
             start_ns = self.clock_ns()
             _write(self.out_path, dict(head, state="armed", start_ns=start_ns))
             end_ns = min(start_ns + int(req["window_s"] * 1e9), req["deadline_ns"])
             out = dict(head, state="done", start_ns=start_ns)
+            self._torch_step(head, src, src.start)
             out.update(self.sample(end_ns, 1.0 / req["hz"]))
             out["end_ns"] = self.clock_ns()
+            out["torch"] = self._torch_step(head, src, src.stop)
             _write(self.out_path, out)
         except Exception as e:
             self.fail(head, e)
         finally:
+            src.close()
             self.armed = False
+
+    def torch_source(self) -> TorchSource:
+        """torch's profiler for the window (off without torch or CUDA); for tests to replace."""
+        return TorchSource(sys.modules.get("torch"))
+
+    def _torch_step(
+        self, head: dict[str, Any], src: TorchSource, step: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """A step of the torch source; its failure turns it off with one log line."""
+        try:
+            return step()
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"[:500]
+            src.close()
+            src.status = {"state": "failed", "reason": reason}
+            self.log(f"collscope probe: torch profiler off ({head['id']}): {reason}")
+            return src.status
 
     def sample(self, end_ns: int, period_s: float) -> dict[str, Any]:
         cpu, clock = _cpu_clock(self.main_ident)
@@ -169,12 +203,99 @@ class Probe:
 
     def fail(self, head: dict[str, Any], e: BaseException) -> None:
         reason = f"{type(e).__name__}: {e}"
-        try:
+        with contextlib.suppress(Exception):
             _write(self.out_path, dict(head, state="failed", reason=reason))
+        self.log(f"collscope probe disarmed ({head['id']}): {reason}")
+
+    def log(self, line: str) -> None:
+        """One line in ``probe.<pid>.log`` beside the arm file (never raises)."""
+        try:
             with open(os.path.join(self.trace_dir, f"probe.{self.pid}.log"), "a") as f:
-                f.write(f"collscope probe disarmed ({head['id']}): {reason}\n")
+                f.write(line + "\n")
         except Exception:
             return
+
+
+class TorchSource:
+    """torch's profiler (Kineto) over one armed window, all threads of the process.
+
+    ``torch`` is the module the training code imported (None: off). CUDA activity only, and only
+    once the process has initialised CUDA; ``cpu=True`` records CPU operators instead (tests: a
+    live job's small-op loop would grow the profiler by ~1.4 GB a second). Private torch API
+    (``torch._C._autograd``), torch >= 2.6 for ``profile_all_threads``: anything missing raises,
+    which the probe turns into ``failed`` with its reason.
+    """
+
+    def __init__(self, torch: Any, *, cpu: bool = False) -> None:
+        self.torch = torch
+        self.cpu = cpu
+        self.on = False
+        self.status: dict[str, Any] = {"state": "off", "reason": "not started"}
+
+    def start(self) -> dict[str, Any]:
+        t = self.torch
+        if t is None:
+            self.status = {"state": "off", "reason": "torch not imported"}
+            return self.status
+        if not self.cpu and not (t.cuda.is_available() and t.cuda.is_initialized()):
+            self.status = {"state": "off", "reason": "no CUDA in this process"}
+            return self.status
+        prof, autograd = t._C._profiler, t._C._autograd
+        acts = {prof.ProfilerActivity.CPU if self.cpu else prof.ProfilerActivity.CUDA}
+        cfg = prof.ProfilerConfig(
+            prof.ProfilerState.KINETO, False, False, False, False, False,
+            prof._ExperimentalConfig(profile_all_threads=True),
+        )  # fmt: skip
+        if autograd._profiler_enabled():
+            raise RuntimeError("another torch profiler is running in this process")
+        autograd._prepare_profiler(cfg, acts)
+        autograd._enable_profiler(cfg, acts)
+        self.on = True
+        self.status = {"state": "on"}
+        return self.status
+
+    def stop(self) -> dict[str, Any]:
+        """The window's kernels, copies and sets (CPU: memory operators); profiler off."""
+        if not self.on:
+            return self.status  # off or failed since start
+        result = self.torch._C._autograd._disable_profiler()
+        self.on = False
+        names: dict[str, int] = {}
+        ops: list[list[Any]] = []
+        dropped = 0
+        for e in result.events():
+            name = e.name()
+            kind = _op_kind(str(e.activity_type()), name)
+            if kind is None:
+                continue
+            if len(ops) >= MAX_OPS:
+                dropped += 1
+                continue
+            start = int(e.start_ns())
+            idx = names.setdefault(name, len(names))
+            ops.append([idx, kind, start, start + int(e.duration_ns()), e.device_resource_id()])
+        return {"state": "done", "names": list(names), "ops": ops, "dropped": dropped}
+
+    def close(self) -> None:
+        """Switch the profiler off if this source left it on (never raises)."""
+        if not self.on:
+            return
+        self.on = False
+        try:
+            self.torch._C._autograd._disable_profiler()
+        except Exception:
+            return
+
+
+def _op_kind(activity: str, name: str) -> str | None:
+    """EROICA's kind of a Kineto event, None for those left to the stack sampler."""
+    if activity == "kernel":
+        return "comm" if "nccl" in name.lower() else "kernel"
+    if activity in ("gpu_memcpy", "gpu_memset"):
+        return "memory"
+    if activity == "cpu_op" and any(m in name for m in MEMORY_OPS):
+        return "memory"
+    return None
 
 
 def _stack(frame: Any) -> tuple[str, ...]:
