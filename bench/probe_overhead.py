@@ -5,9 +5,11 @@
 First, the dormant probe the webhook injects (``probe/site/collscope_probe.py``, issue 18),
 side by side in one run: the same small training loop with no probe, with the probe's thread
 dormant (a ``stat`` of the arm file every 0.5 s) and with it armed (sampling the training
-thread's stack at 100 Hz), and no probe again (the difference between the two runs without a
-probe is the noise of the machine), 300 iterations a round, the four interleaved in rotating order
-for 12 rounds so that drift of a shared machine hits all alike; medians per iteration.
+thread's stack at 100 Hz), armed with its torch source recording CPU operators (what a live
+job gets is CUDA activity only; on this CPU wheel the operators are the stand-in), and no probe
+again (the difference between the two runs without a probe is the noise of the machine), 300
+iterations a round, the five interleaved in rotating order for 12 rounds so that drift of a
+shared machine hits all alike; medians per iteration.
 """
 
 from __future__ import annotations
@@ -56,17 +58,21 @@ def train(torch: Any, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+class _CpuOpsProbe(collscope_probe.Probe):
+    def torch_source(self) -> collscope_probe.TorchSource:
+        return collscope_probe.TorchSource(sys.modules.get("torch"), cpu=True)
+
+
 def _dormant_round(torch: Any, trace: str, mode: str, n: int) -> float:
     """Seconds per iteration with no probe, a dormant one, or one armed for the round."""
     if mode == "none":
         return train(torch, n)
-    p = collscope_probe.Probe(
-        trace, 0, poll_s=collscope_probe.POLL_S if mode == "dormant" else 0.01
-    )
+    kind = _CpuOpsProbe if mode == "armed+ops" else collscope_probe.Probe
+    p = kind(trace, 0, poll_s=collscope_probe.POLL_S if mode == "dormant" else 0.01)
     thread = threading.Thread(target=p.run, daemon=True)
     thread.start()
     try:
-        if mode == "armed":
+        if mode.startswith("armed"):
             req = {"id": f"bench-{time.time_ns()}", "window_s": 120, "hz": 100,
                    "deadline_ns": time.time_ns() + 200 * 10**9}  # fmt: skip
             path = os.path.join(trace, collscope_probe.ARM_FILE)
@@ -84,12 +90,14 @@ def _dormant_round(torch: Any, trace: str, mode: str, n: int) -> float:
 
 
 def dormant_probe(torch: Any, rounds: int = 12, n: int = 300) -> dict[str, float]:
-    modes = ("none", "none again", "dormant", "armed")  # the second "none": the noise floor
+    # the second "none": the noise floor
+    modes = ("none", "none again", "dormant", "armed", "armed+ops")
     out: dict[str, list[float]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as trace:
         train(torch, 100)  # warm-up
         for i in range(rounds):
-            for m in modes[i % 4 :] + modes[: i % 4]:  # each mode first as often as the others
+            k = i % len(modes)
+            for m in modes[k:] + modes[:k]:  # each mode first as often as the others
                 out[m].append(_dormant_round(torch, trace, m.split()[0], n))
     med = {m: statistics.median(v) for m, v in out.items()}
     base = med["none"]
@@ -99,7 +107,9 @@ def dormant_probe(torch: Any, rounds: int = 12, n: int = 300) -> dict[str, float
         f"({100 * (med['none again'] - base) / base:+.2f} %: the noise), "
         f"dormant {med['dormant'] * 1e3:.3f} ms "
         f"({100 * (med['dormant'] - base) / base:+.2f} %), armed at 100 Hz "
-        f"{med['armed'] * 1e3:.3f} ms ({100 * (med['armed'] - base) / base:+.2f} %)"
+        f"{med['armed'] * 1e3:.3f} ms ({100 * (med['armed'] - base) / base:+.2f} %), armed "
+        f"with torch's CPU operators {med['armed+ops'] * 1e3:.3f} ms "
+        f"({100 * (med['armed+ops'] - base) / base:+.2f} %)"
     )
     return med
 
