@@ -357,7 +357,11 @@ class Server:
         **headers: str,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(status=status)
-        if close:  # the connection is in an unknown state (a body cut short): not reused
+        # Not reused when the connection is in an unknown state (a body cut short), or when the
+        # request's body was never read (a refusal answered before it): the server may close
+        # the connection rather than drain that body, and a client that reused it would see
+        # its next request go unanswered ("Server disconnected").
+        if close or (request.body_exists and not request.content.is_eof()):
             resp.force_close()
         resp.headers["Content-Type"] = ctype
         for k, v in headers.items():
