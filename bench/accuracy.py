@@ -59,9 +59,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from collscope.nodeagent.bundle import reader, tables
-from collscope.operator import progress
 from collscope.operator.analysis import diagnosis, placement
 from collscope.operator.analysis import engine as analysis
+from collscope.operator.cli import progress
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
 

@@ -427,7 +427,8 @@ def operator_main(
     import prometheus_client
 
     from collscope.operator import __main__ as main
-    from collscope.operator import jobs, kube, metrics, settings
+    from collscope.operator.clients import kube
+    from collscope.operator.domain import jobs, metrics, settings
 
     class Stamping(kube.Cluster):  # kmock assigns no resourceVersion; kopf needs one
         async def create_diagnosis(self, body: Any) -> bool:

@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from collscope.operator import policy
+from collscope.operator.domain import policy
 from collscope.operator.onebox import box, demo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from collscope.operator import policy
+from collscope.operator.domain import policy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FILE = "tests/e2e/test_onebox_remediation.py"

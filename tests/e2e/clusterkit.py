@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from collscope.operator import injection, policy
+from collscope.operator.domain import injection, policy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "collscope"

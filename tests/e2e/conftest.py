@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import pytest
 
-from collscope.operator import jobs, policy, settings
+from collscope.operator.domain import jobs, policy, settings
 from collscope.operator.onebox import box, nccl
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

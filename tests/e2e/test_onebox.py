@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
-from collscope.operator import policy
+from collscope.operator.domain import policy
 from collscope.operator.onebox import faults
 
 # kmock 0.8's load_bundled() uses importlib.resources.read_binary, deprecated in Python 3.11.

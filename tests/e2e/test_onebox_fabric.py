@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
-from collscope.operator import policy
+from collscope.operator.domain import policy
 from collscope.operator.onebox import faults
 
 pytestmark = [

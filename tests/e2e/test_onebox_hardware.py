@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from collscope.nodeagent import api
-from collscope.operator import settings, trigger_loop
+from collscope.operator.controller import trigger_loop
+from collscope.operator.domain import settings
 from collscope.operator.onebox import box, faults, watch
 
 pytestmark = [pytest.mark.slow]

@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
-from collscope.operator import profile_handlers, profiling
+from collscope.operator.controller import profile_handlers, profiling
 from collscope.operator.onebox import box, faults, rank
 
 pytestmark = [

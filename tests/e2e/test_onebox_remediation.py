@@ -35,7 +35,7 @@ import pytest
 pytest.importorskip("kmock")
 pytest.importorskip("pytest_asyncio")
 
-from collscope.operator import jobs, policy, remediation, settings, status
+from collscope.operator.domain import jobs, policy, remediation, settings, status
 from collscope.operator.onebox import box, faults
 
 # kmock 0.8's load_bundled() uses importlib.resources.read_binary, deprecated in Python 3.11.
@@ -232,7 +232,7 @@ async def test_nic_down_with_its_link_sample_cordons_and_outlives_the_job(
     # collscope uncordon, as a person runs it (its own event loop: in a thread, while kmock
     # serves from this one), once the operator is gone so that no new Diagnosis of the still
     # broken NIC can mark the node again: exactly collscope's marks go.
-    from collscope.operator import cli
+    from collscope.operator.cli import main as cli
 
     kubeconfig = _kubeconfig(e2e, tmp_path)
     assert await asyncio.to_thread(cli.main, ["uncordon", NODE, "--kubeconfig", kubeconfig]) == 0

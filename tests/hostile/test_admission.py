@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collscope.operator import injection, webhook
+from collscope.operator.controller import webhook
+from collscope.operator.domain import injection
 
 CONFIG = injection.InjectionSettings(image="registry.local/collscope:test")
 OPT_IN = {"collscope.dev/diagnose": "true"}

@@ -21,7 +21,7 @@ import pytest
 
 from collscope.nodeagent import __main__ as agent_main
 from collscope.operator import __main__ as operator_main
-from collscope.operator import cli
+from collscope.operator.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]

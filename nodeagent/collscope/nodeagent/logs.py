@@ -8,7 +8,7 @@ The node agent never imports the operator; the operator imports this module.
 
 A text line::
 
-    2025-01-31T10:00:00.123Z INFO collscope.operator.trigger_loop [ml/llama] trigger: hang ...
+    2025-01-31T10:00:00.123Z INFO collscope.operator.controller.trigger_loop [ml/llama] trigger: ...
 
 A JSON line (one object per line, as log collectors expect)::
 

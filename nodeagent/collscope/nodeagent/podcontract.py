@@ -1,9 +1,9 @@
 """The pod contract: what the operator's webhook puts into a training pod and what the node
 agent, the NCCL plugin and the probe expect to find there (docs/design.md, "Contracts").
 
-Written here once: ``collscope.operator.injection`` builds the webhook's patch from these names,
-the agent's ``settings`` and ``discovery`` look for rings with them (the operator may import the
-agent, never the reverse). The C plugin reads the same variables (``native/src/ring.c``,
+Written here once: ``collscope.operator.domain.injection`` builds the webhook's patch from these
+names, the agent's ``settings`` and ``discovery`` look for rings with them (the operator may
+import the agent, never the reverse). The C plugin reads the same variables (``native/src/ring.c``,
 ``chain.c``) and the probe's standard-library site module repeats the two it needs
 (``probe/site/collscope_probe.py``: it runs in the training process, without collscope).
 

@@ -32,19 +32,17 @@ import kopf
 import prometheus_client
 
 from collscope.nodeagent import logs, version
-from collscope.operator import (
+from collscope.operator import errors
+from collscope.operator.clients import kube
+from collscope.operator.controller import (
     diagnosis_handlers,
-    errors,
     handlers,
-    jobs,
-    kube,
-    metrics,
     profile_handlers,
     remediator,
-    settings,
     trigger_loop,
     webhook,
 )
+from collscope.operator.domain import jobs, metrics, settings
 
 log = logging.getLogger("collscope.operator")
 

@@ -23,7 +23,7 @@ from collscope.nodeagent import discovery, service, settings, window
 from collscope.nodeagent import metrics as agent_metrics
 from collscope.nodeagent import sampler as ringsampler
 from collscope.nodeagent.hardware import sampler, source
-from collscope.operator import metrics as operator_metrics
+from collscope.operator.domain import metrics as operator_metrics
 
 CHART = pathlib.Path(__file__).resolve().parents[3] / "charts" / "collscope"
 SUFFIXES = {

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from collscope.nodeagent import settings as agent_settings
-from collscope.operator import injection, settings
+from collscope.operator.domain import injection, settings
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -34,7 +34,9 @@ from aiohttp import web
 from collscope.nodeagent import api as agent_api
 from collscope.nodeagent import auth
 from collscope.operator import __main__ as operator_main
-from collscope.operator import agents, errors, jobs, kube, owners, remediation, settings
+from collscope.operator import errors
+from collscope.operator.clients import agents, kube
+from collscope.operator.domain import jobs, owners, remediation, settings
 
 NS = "ml"
 

@@ -16,7 +16,8 @@ import yaml
 
 from collscope.nodeagent import podcontract
 from collscope.nodeagent import settings as agent_settings
-from collscope.operator import injection, owners, policy, remediation, settings, webhook
+from collscope.operator.controller import webhook
+from collscope.operator.domain import injection, owners, policy, remediation, settings
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest the validator
 # knows. A variant may need a newer one (the appArmorProfile field arrived in 1.30).

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from collscope.operator import breaker, policy
+from collscope.operator.domain import breaker, policy
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "collscope"
 

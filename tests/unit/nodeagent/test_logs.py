@@ -26,7 +26,7 @@ def _restore_root() -> Iterator[None]:
 def test_text_lines_at_the_level_with_the_object_prefix() -> None:
     out = io.StringIO()
     logs.configure("info", "text", stream=out)
-    logging.getLogger("collscope.operator.trigger_loop").debug("not shown")
+    logging.getLogger("collscope.operator.controller.trigger_loop").debug("not shown")
     ref = {"namespace": "ml", "name": "llama", "kind": "TrainingJob"}
     logging.getLogger("kopf.objects").info("Handler succeeded.", extra={"k8s_ref": ref})
     lines = out.getvalue().splitlines()

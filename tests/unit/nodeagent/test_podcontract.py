@@ -8,7 +8,7 @@ import pathlib
 import jsonpatch
 
 from collscope.nodeagent import podcontract, settings
-from collscope.operator import injection
+from collscope.operator.domain import injection
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 

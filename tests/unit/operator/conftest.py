@@ -140,7 +140,7 @@ class Harness:
     def api(self) -> Any:
         import kubernetes
 
-        from collscope.operator import kube
+        from collscope.operator.clients import kube
 
         class StampingCluster(kube.Cluster):
             async def create_diagnosis(self, body: Any) -> bool:

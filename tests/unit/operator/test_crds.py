@@ -14,8 +14,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from collscope.operator import policy, status
 from collscope.operator.analysis import diagnosis
+from collscope.operator.domain import policy, status
 
 NOW = datetime.datetime(2026, 11, 22, 21, 0, 0, tzinfo=datetime.UTC)
 

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from collscope.operator import groups, injection, owners, policy
+from collscope.operator.domain import groups, injection, owners, policy
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[3] / "examples"
 WORKLOADS = ("pytorchjob.yaml", "jobset.yaml", "job.yaml")

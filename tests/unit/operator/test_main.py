@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import exposition
 
 from collscope.operator import __main__ as main
-from collscope.operator import kube, metrics, settings
+from collscope.operator.clients import kube
+from collscope.operator.domain import metrics, settings
 
 
 def handler_ids(registry: Any) -> set[str]:

@@ -26,7 +26,7 @@ records with it (``trigger.TriggerState.watch``). With 1 s ticks, ``M = 10``, ``
 16 DP groups -> every group within 6 s (4 anchors), 32 -> 12 s, 64 -> 21 s, 128 -> 39 s.
 
 The same pure function decides the watched set in the replay (``engine.diagnose``) and in the
-live operator (``collscope.operator.sampling``): from the groups and the tick number only.
+live operator (``collscope.operator.domain.sampling``): from the groups and the tick number only.
 """
 
 from __future__ import annotations

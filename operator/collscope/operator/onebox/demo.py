@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import kopf
 
 from collscope.nodeagent.bundle import tables, writer
-from collscope.operator import report, settings
 from collscope.operator.analysis import diagnosis
+from collscope.operator.domain import report, settings
 from collscope.operator.onebox import box, faults, htmlreport, watch
 from collscope.operator.simulator import truth
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from typing import Final
 
 from collscope.nodeagent.bundle import tables
-from collscope.operator import report
 from collscope.operator.analysis import diagnosis
+from collscope.operator.domain import report
 from collscope.operator.onebox import htmlflows, htmlprogress, htmltimeline
 
 NS: Final = 1_000_000_000

@@ -22,17 +22,11 @@ from typing import Any
 import kopf
 
 from collscope.nodeagent.bundle import tables
-from collscope.operator import (
-    agents,
-    diagnosis_handlers,
-    errors,
-    jobs,
-    metrics,
-    sampling,
-    settings,
-    trigger_loop,
-)
+from collscope.operator import errors
 from collscope.operator.analysis import diagnosis, trigger
+from collscope.operator.clients import agents
+from collscope.operator.controller import diagnosis_handlers, trigger_loop
+from collscope.operator.domain import jobs, metrics, sampling, settings
 from collscope.operator.onebox import box
 
 NS = 1_000_000_000

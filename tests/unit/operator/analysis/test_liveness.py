@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from collscope.nodeagent.bundle import models, tables
-from collscope.operator import policy
 from collscope.operator.analysis import diagnosis, engine, liveness, placement, trigger, view
+from collscope.operator.domain import policy
 
 Ring = Any  # conftest.Ring: conftest modules cannot be imported under --import-mode=importlib
 MS = 1_000_000

@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from collscope.operator import injection, owners
+from collscope.operator.domain import injection, owners
 from collscope.operator.onebox import fabric, faults, workload
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]

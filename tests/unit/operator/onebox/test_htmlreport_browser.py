@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from collscope.operator import report
 from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis import engine as analysis
+from collscope.operator.domain import report
 from collscope.operator.onebox import htmlreport
 from collscope.operator.simulator import config, engine, truth
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from collscope.nodeagent.bundle import writer
-from collscope.operator import cli
+from collscope.operator.cli import main as cli
 from collscope.operator.simulator import config
 from collscope.operator.simulator import engine as collective_sim
 from collscope.operator.simulator.flows import config as flow_config

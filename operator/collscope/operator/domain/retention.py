@@ -1,0 +1,68 @@
+"""Which Diagnoses of a TrainingJob go, so they do not pile up forever.
+
+The rule (enforced by the trigger loop each time it creates a Diagnosis, ``trigger_loop``):
+a TrainingJob keeps its newest ``keep`` Diagnoses (``operator.diagnosisRetention`` in the chart,
+20 by default), by creation time. An older one is deleted when it is finished (phase
+``Failed`` or ``Remediated``, or ``Diagnosed`` with a remediation outcome other than
+``pending``: never one whose analysis or re-check is still running), unless a node still
+marked by collscope names it (annotation ``collscope.dev/diagnosis``, ``remediation.record_of``):
+a faulty node stays marked after the job, and that Diagnosis is the record of why. At most one
+Diagnosis per marked node is kept that way, so a job keeps at most ``keep`` plus the nodes it
+got marked.
+
+Pure: ``beyond`` chooses among listed objects; ``named_by_marks`` reads Nodes the caller got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from collscope.operator.domain import remediation
+
+DEFAULT_KEEP = 20
+
+
+def job_of(obj: Mapping[str, Any]) -> str:
+    """The TrainingJob a Diagnosis is about (``spec.trainingJob.name``)."""
+    return str(((obj.get("spec") or {}).get("trainingJob") or {}).get("name", ""))
+
+
+def finished(obj: Mapping[str, Any]) -> bool:
+    """Nothing runs on it any more: analysis and remediation are done."""
+    st = obj.get("status") or {}
+    phase = st.get("phase")
+    if phase in ("Failed", "Remediated"):
+        return True
+    return phase == "Diagnosed" and st.get("action") not in (None, "pending")
+
+
+def beyond(objs: Iterable[Mapping[str, Any]], *, job: str, keep: int) -> list[Mapping[str, Any]]:
+    """The finished Diagnoses of ``job`` older than its newest ``keep``, oldest first."""
+    mine = [o for o in objs if job_of(o) == job]
+    mine.sort(key=_created)
+    old = mine[: max(len(mine) - keep, 0)]
+    return [o for o in old if finished(o)]
+
+
+def _created(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return str(meta.get("creationTimestamp", "")), str(meta["name"])  # RFC 3339 sorts as text
+
+
+def named_by_marks(nodes: Sequence[Mapping[str, Any] | None]) -> set[str]:
+    """``namespace/name`` of each Diagnosis a node still marked by collscope names."""
+    out = set()
+    for node in nodes:
+        try:
+            record = None if node is None else remediation.record_of(node)
+        except (ValueError, KeyError, TypeError):  # an edited record: the node is not ours
+            record = None
+        if record is not None:
+            out.add(record.diagnosis)
+    return out
+
+
+def culprit_node(obj: Mapping[str, Any]) -> str | None:
+    node = (obj.get("status") or {}).get("culpritNode")
+    return str(node) if node else None
