@@ -20,7 +20,6 @@ Exit status: 0 ok, 1 runtime error, 2 bad usage.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import pathlib
@@ -34,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 import httpx
 
-from collscope.nodeagent import agent, errors, hardware, logs, settings, version
+from collscope.nodeagent import agent, envsettings, errors, hardware, logs, settings, version
 
 log = logging.getLogger("collscope.nodeagent")
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)([smh])$")
@@ -102,170 +101,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_flags(p: argparse.ArgumentParser) -> None:
-    d = settings.Settings()
-    p.add_argument(
-        "--discovery",
-        choices=["kubelet", "directory"],
-        default=argparse.SUPPRESS,
-        help="find rings in the kubelet's pod volumes, or any *.ring under --trace-root "
-        f"(COLLSCOPE_DISCOVERY; default: {d.discovery.mode})",
-    )
-    p.add_argument(
-        "--kubelet-pods-dir",
-        default=argparse.SUPPRESS,
-        metavar="DIR",
-        help="the kubelet's pod directory, kubelet --root-dir + /pods "
-        f"(COLLSCOPE_KUBELET_PODS_DIR; default: {d.discovery.kubelet_pods_dir})",
-    )
-    p.add_argument(
-        "--ring-volume",
-        default=argparse.SUPPRESS,
-        metavar="NAME",
-        help="the emptyDir volume holding a pod's rings "
-        f"(COLLSCOPE_RING_VOLUME; default: {d.discovery.ring_volume})",
-    )
-    p.add_argument(
-        "--trace-root",
-        default=argparse.SUPPRESS,
-        metavar="DIR",
-        help="where --discovery directory looks for *.ring "
-        f"(COLLSCOPE_TRACE_ROOT; default: {d.discovery.trace_root})",
-    )
-    p.add_argument(
-        "--host",
-        default=argparse.SUPPRESS,
-        help=f"address to listen on (COLLSCOPE_LISTEN_HOST; default: {d.server.listen_host})",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=argparse.SUPPRESS,
-        help=f"port to listen on (COLLSCOPE_LISTEN_PORT; default: {d.server.listen_port})",
-    )
-    p.add_argument(
-        "--sample-interval-s",
-        type=float,
-        default=argparse.SUPPRESS,
-        metavar="S",
-        help="seconds between samples of every ring "
-        f"(COLLSCOPE_SAMPLE_INTERVAL_S; default: {d.sampling.sample_interval_s:g})",
-    )
-    p.add_argument(
-        "--window-s",
-        type=float,
-        default=argparse.SUPPRESS,
-        metavar="S",
-        help="seconds of records kept per rank "
-        f"(COLLSCOPE_WINDOW_S; default: {d.window.window_s:g})",
-    )
-    p.add_argument(
-        "--memory-cap-bytes",
-        type=int,
-        default=argparse.SUPPRESS,
-        metavar="N",
-        help="memory cap of the whole window "
-        f"(COLLSCOPE_MEMORY_CAP_BYTES; default: {d.window.memory_cap_bytes})",
-    )
-    p.add_argument(
-        "--node-name",
-        default=argparse.SUPPRESS,
-        help="this node's name (NODE_NAME; default: the host name)",
-    )
-    p.add_argument(
-        "--no-hardware",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="sample no GPU or NIC counters (no NVML, no /sys reads)",
-    )
-    p.add_argument(
-        "--auth",
-        choices=["kubernetes", "none"],
-        default=argparse.SUPPRESS,
-        help="kubernetes: TokenReview + SubjectAccessReview for every call (needs TLS); none: "
-        f"serve anyone, a demo on one machine (COLLSCOPE_AUTH; default: {d.auth.mode})",
-    )
-    p.add_argument(
-        "--tls-cert-file",
-        default=argparse.SUPPRESS,
-        metavar="FILE",
-        help="serve https with this certificate (COLLSCOPE_TLS_CERT_FILE; default: plain http)",
-    )
-    p.add_argument(
-        "--tls-key-file",
-        default=argparse.SUPPRESS,
-        metavar="FILE",
-        help="the certificate's private key (COLLSCOPE_TLS_KEY_FILE)",
-    )
-    p.add_argument(
-        "--log-level",
-        choices=logs.LEVELS,
-        type=str.upper,
-        default=argparse.SUPPRESS,
-        help=f"least severe log lines kept (COLLSCOPE_LOG_LEVEL; default: {d.log_level})",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=logs.FORMATS,
-        default=argparse.SUPPRESS,
-        help=f"text, or one JSON object per line (COLLSCOPE_LOG_FORMAT; default: {d.log_format})",
-    )
+    defaults = settings.Settings()
+    for var in settings.VARIABLES:
+        if var.flag:
+            envsettings.add_flag(p, var, defaults)
+        if var.flag == "--node-name":
+            p.add_argument(
+                "--no-hardware",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="sample no GPU or NIC counters (no NVML, no /sys reads)",
+            )
 
 
 def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Settings:
-    """Environment first, then the flags given (``SUPPRESS``: only those present)."""
-    s = settings.Settings.from_env(env)
-    f = vars(args)
-    d = dataclasses.replace(
-        s.discovery,
-        **{
-            k: f[k]
-            for k in ("kubelet_pods_dir", "ring_volume", "trace_root")
-            if k in f and f[k] is not None
-        },
-    )
-    if "discovery" in f:
-        d = dataclasses.replace(d, mode=f["discovery"])
-    smp = s.sampling
-    if "sample_interval_s" in f:
-        smp = dataclasses.replace(smp, sample_interval_s=_positive("--sample-interval-s", f))
-    win = s.window
-    if "window_s" in f:
-        win = dataclasses.replace(win, window_s=_positive("--window-s", f))
-    if "memory_cap_bytes" in f:
-        win = dataclasses.replace(win, memory_cap_bytes=int(_positive("--memory-cap-bytes", f)))
-    srv = dataclasses.replace(
-        s.server,
-        **{n: f[k] for k, n in (("host", "listen_host"), ("port", "listen_port")) if k in f},
-    )
-    tls = dataclasses.replace(
-        s.tls, **{k.removeprefix("tls_"): f[k] for k in ("tls_cert_file", "tls_key_file") if k in f}
-    )
-    auth = dataclasses.replace(s.auth, mode=f["auth"]) if "auth" in f else s.auth
-    node = f.get("node_name", s.node_name)
-    level = f.get("log_level", s.log_level)
-    fmt = f.get("log_format", s.log_format)
-    return settings.check(
-        dataclasses.replace(
-            s,
-            node_name=node,
-            log_level=level,
-            log_format=fmt,
-            discovery=d,
-            sampling=smp,
-            window=win,
-            server=srv,
-            tls=tls,
-            auth=auth,
-        )
-    )
-
-
-def _positive(flag: str, f: dict[str, object]) -> float:
-    value = f[flag.lstrip("-").replace("-", "_")]
-    assert isinstance(value, int | float)
-    if value <= 0:
-        raise errors.SettingsError(flag, str(value), "must be positive")
-    return float(value)
+    """Environment first, then the flags given (``SUPPRESS``: only those present), each checked
+    as its variable is."""
+    config = settings.Settings.from_env(env)
+    return settings.check(envsettings.overrides(config, settings.VARIABLES, args))
 
 
 def _run(

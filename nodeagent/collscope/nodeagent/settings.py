@@ -1,7 +1,8 @@
 """The node agent's settings: frozen, typed, grouped by concern, read from the environment once.
 
 ``Settings.from_env(os.environ)`` is called from ``main()`` only (STYLE habits 8 and 9); command
-line flags then override single fields with ``dataclasses.replace``. A bad value raises
+line flags then override single fields (``envsettings.overrides``). Each variable is declared
+once, in ``VARIABLES`` (``envsettings.Var``: its parser, doc, field and flag); a bad value raises
 ``errors.SettingsError`` naming the variable. Variables (defaults in the field comments)::
 
     COLLSCOPE_DISCOVERY            kubelet | directory
@@ -39,17 +40,15 @@ line flags then override single fields with ``dataclasses.replace``. A bad value
 from __future__ import annotations
 
 import dataclasses
-import math
 import socket
-from collections.abc import Callable, Mapping
-from typing import Literal, TypeVar, cast
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from collscope.nodeagent import errors, logs, podcontract
+from collscope.nodeagent import envsettings, errors, logs, podcontract
 
 DiscoveryMode = Literal["kubelet", "directory"]
 AuthMode = Literal["kubernetes", "none"]
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -191,74 +190,84 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Settings from ``env`` (pass ``os.environ``); unset variables keep their default.
+        """Settings from ``env`` (pass ``os.environ``); unset variables keep their default
+        (``VARIABLES``). ``check`` then refuses authentication without TLS."""
+        base = cls(node_name=socket.gethostname(), auth=AuthSettings(api_server=_api_server(env)))
+        return envsettings.load(base, VARIABLES, env)
 
-        Authentication without TLS is refused: bearer tokens must not cross the network in
-        clear text (``COLLSCOPE_AUTH=none`` for a plain-HTTP demo on one machine).
-        """
-        d, s, w, v, h = (
-            DiscoverySettings(),
-            SamplingSettings(),
-            WindowSettings(),
-            ServerSettings(),
-            HardwareSettings(),
-        )
-        t, a = TLSSettings(), AuthSettings()
 
-        def get(name: str, parse: Callable[[str, str], _T], default: _T) -> _T:
-            raw = env.get(name)
-            return default if raw is None or raw == "" else parse(name, raw)
+_SECONDS = envsettings.number(positive=True, unit="a number of seconds")
+_COUNT = envsettings.integer(minimum=1)
+_TEXT = envsettings.text
+Var = envsettings.Var
 
-        return cls(
-            node_name=env.get(podcontract.NODE_NAME_ENV) or socket.gethostname(),
-            log_level=get("COLLSCOPE_LOG_LEVEL", _level, "INFO"),
-            log_format=get("COLLSCOPE_LOG_FORMAT", _log_format, "text"),
-            discovery=DiscoverySettings(
-                mode=get("COLLSCOPE_DISCOVERY", _mode, d.mode),
-                kubelet_pods_dir=get("COLLSCOPE_KUBELET_PODS_DIR", _text, d.kubelet_pods_dir),
-                ring_volume=get("COLLSCOPE_RING_VOLUME", _text, d.ring_volume),
-                trace_root=get("COLLSCOPE_TRACE_ROOT", _text, d.trace_root),
-                rescan_interval_s=get("COLLSCOPE_RESCAN_INTERVAL_S", _seconds, d.rescan_interval_s),
-            ),
-            sampling=SamplingSettings(
-                sample_interval_s=get("COLLSCOPE_SAMPLE_INTERVAL_S", _seconds, s.sample_interval_s),
-                stale_after_s=get("COLLSCOPE_STALE_AFTER_S", _seconds, s.stale_after_s),
-            ),
-            window=WindowSettings(
-                window_s=get("COLLSCOPE_WINDOW_S", _seconds, w.window_s),
-                memory_cap_bytes=get("COLLSCOPE_MEMORY_CAP_BYTES", _size, w.memory_cap_bytes),
-            ),
-            server=ServerSettings(
-                listen_host=get("COLLSCOPE_LISTEN_HOST", _text, v.listen_host),
-                listen_port=get("COLLSCOPE_LISTEN_PORT", _port, v.listen_port),
-                max_connections=get("COLLSCOPE_MAX_CONNECTIONS", _count, v.max_connections),
-                max_connections_per_peer=get(
-                    "COLLSCOPE_MAX_CONNECTIONS_PER_PEER", _count, v.max_connections_per_peer
-                ),
-            ),
-            tls=TLSSettings(
-                cert_file=get("COLLSCOPE_TLS_CERT_FILE", _text, t.cert_file),
-                key_file=get("COLLSCOPE_TLS_KEY_FILE", _text, t.key_file),
-            ),
-            auth=AuthSettings(
-                mode=get("COLLSCOPE_AUTH", _auth, a.mode),
-                api_server=get("COLLSCOPE_API_SERVER", _text, _api_server(env)),
-                token_file=get("COLLSCOPE_AUTH_TOKEN_FILE", _text, a.token_file),
-                ca_file=get("COLLSCOPE_AUTH_CA_FILE", _text, a.ca_file),
-                audiences=get("COLLSCOPE_AUTH_AUDIENCES", _csv, a.audiences),
-                cache_ttl_s=get("COLLSCOPE_AUTH_CACHE_TTL_S", _seconds, a.cache_ttl_s),
-                denied_ttl_s=get("COLLSCOPE_AUTH_DENIED_TTL_S", _seconds, a.denied_ttl_s),
-                expensive_burst=get("COLLSCOPE_EXPENSIVE_BURST", _count, a.expensive_burst),
-                expensive_per_minute=get(
-                    "COLLSCOPE_EXPENSIVE_PER_MINUTE", _seconds, a.expensive_per_minute
-                ),
-            ),
-            hardware=HardwareSettings(
-                hw_interval_s=get("COLLSCOPE_HW_INTERVAL_S", _seconds, h.hw_interval_s),
-                sys_root=get("COLLSCOPE_SYS_ROOT", _text, h.sys_root),
-                pyspy=get("COLLSCOPE_PYSPY", _text, h.pyspy),
-            ),
-        )
+# Every variable, once: the flags of ``collscope-agent run`` come from those with a flag, in this
+# order (``__main__``), their help from ``doc`` and the default of the field.
+VARIABLES: tuple[envsettings.Var[Any], ...] = (
+    Var("COLLSCOPE_DISCOVERY", envsettings.choice("kubelet", "directory"),
+        "find rings in the kubelet's pod volumes, or any *.ring under --trace-root",
+        "discovery.mode", flag="--discovery", choices=("kubelet", "directory")),
+    Var("COLLSCOPE_KUBELET_PODS_DIR", _TEXT,
+        "the kubelet's pod directory, kubelet --root-dir + /pods",
+        "discovery.kubelet_pods_dir", flag="--kubelet-pods-dir", metavar="DIR"),
+    Var("COLLSCOPE_RING_VOLUME", _TEXT, "the emptyDir volume holding a pod's rings",
+        "discovery.ring_volume", flag="--ring-volume", metavar="NAME"),
+    Var("COLLSCOPE_TRACE_ROOT", _TEXT, "where --discovery directory looks for *.ring",
+        "discovery.trace_root", flag="--trace-root", metavar="DIR"),
+    Var("COLLSCOPE_LISTEN_HOST", _TEXT, "address to listen on", "server.listen_host",
+        flag="--host"),
+    Var("COLLSCOPE_LISTEN_PORT", envsettings.integer(0, 65535), "port to listen on",
+        "server.listen_port", flag="--port"),
+    Var("COLLSCOPE_SAMPLE_INTERVAL_S", _SECONDS, "seconds between samples of every ring",
+        "sampling.sample_interval_s", flag="--sample-interval-s", metavar="S"),
+    Var("COLLSCOPE_WINDOW_S", _SECONDS, "seconds of records kept per rank", "window.window_s",
+        flag="--window-s", metavar="S"),
+    Var("COLLSCOPE_MEMORY_CAP_BYTES", envsettings.integer(minimum=1 << 20),
+        "memory cap of the whole window", "window.memory_cap_bytes",
+        flag="--memory-cap-bytes", metavar="N"),
+    Var(podcontract.NODE_NAME_ENV, _TEXT, "this node's name", "node_name",
+        flag="--node-name", shown_default="the host name"),
+    Var("COLLSCOPE_AUTH", envsettings.choice("kubernetes", "none"),
+        "kubernetes: TokenReview + SubjectAccessReview for every call (needs TLS); none: "
+        "serve anyone, a demo on one machine", "auth.mode", flag="--auth",
+        choices=("kubernetes", "none")),
+    Var("COLLSCOPE_TLS_CERT_FILE", _TEXT, "serve https with this certificate", "tls.cert_file",
+        flag="--tls-cert-file", metavar="FILE", shown_default="plain http"),
+    Var("COLLSCOPE_TLS_KEY_FILE", _TEXT, "the certificate's private key", "tls.key_file",
+        flag="--tls-key-file", metavar="FILE"),
+    Var("COLLSCOPE_LOG_LEVEL", envsettings.choice(*logs.LEVELS, fold=str.upper),
+        "least severe log lines kept", "log_level", flag="--log-level", choices=logs.LEVELS,
+        flag_type=str.upper),
+    Var("COLLSCOPE_LOG_FORMAT", envsettings.choice(*logs.FORMATS),
+        "text, or one JSON object per line", "log_format", flag="--log-format",
+        choices=logs.FORMATS),
+    Var("COLLSCOPE_RESCAN_INTERVAL_S", _SECONDS, "seconds between scans for new rings",
+        "discovery.rescan_interval_s"),
+    Var("COLLSCOPE_STALE_AFTER_S", _SECONDS, "a writer without a heartbeat this long is gone",
+        "sampling.stale_after_s"),
+    Var("COLLSCOPE_MAX_CONNECTIONS", _COUNT, "connections held at once",
+        "server.max_connections"),
+    Var("COLLSCOPE_MAX_CONNECTIONS_PER_PEER", _COUNT, "connections held from one address",
+        "server.max_connections_per_peer"),
+    Var("COLLSCOPE_API_SERVER", _TEXT, "the Kubernetes API server (TokenReview, SAR)",
+        "auth.api_server"),
+    Var("COLLSCOPE_AUTH_TOKEN_FILE", _TEXT, "the agent's own token", "auth.token_file"),
+    Var("COLLSCOPE_AUTH_CA_FILE", _TEXT, "the CA verifying the API server", "auth.ca_file"),
+    Var("COLLSCOPE_AUTH_AUDIENCES", envsettings.csv, "token audiences, comma-separated",
+        "auth.audiences"),
+    Var("COLLSCOPE_AUTH_CACHE_TTL_S", _SECONDS, "seconds an allowed review is kept",
+        "auth.cache_ttl_s"),
+    Var("COLLSCOPE_AUTH_DENIED_TTL_S", _SECONDS, "seconds a refused review is kept",
+        "auth.denied_ttl_s"),
+    Var("COLLSCOPE_EXPENSIVE_BURST", _COUNT, "py-spy and Flight Recorder calls in a burst",
+        "auth.expensive_burst"),
+    Var("COLLSCOPE_EXPENSIVE_PER_MINUTE", _SECONDS, "... and per minute, per caller",
+        "auth.expensive_per_minute"),
+    Var("COLLSCOPE_HW_INTERVAL_S", _SECONDS, "seconds between hardware samples",
+        "hardware.hw_interval_s"),
+    Var("COLLSCOPE_SYS_ROOT", _TEXT, "where sysfs is mounted", "hardware.sys_root"),
+    Var("COLLSCOPE_PYSPY", _TEXT, "the py-spy executable", "hardware.pyspy"),
+)  # fmt: skip
 
 
 def check(config: Settings) -> Settings:
@@ -284,75 +293,3 @@ def _api_server(env: Mapping[str, str]) -> str:
         return ""
     host = f"[{host}]" if ":" in host else host  # an IPv6 service address
     return f"https://{host}:{port or 443}"
-
-
-def _text(name: str, raw: str) -> str:
-    return raw
-
-
-def _csv(name: str, raw: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in raw.split(",") if x.strip())
-
-
-def _auth(name: str, raw: str) -> AuthMode:
-    if raw not in ("kubernetes", "none"):
-        raise errors.SettingsError(name, raw, "must be 'kubernetes' or 'none'")
-    return cast(AuthMode, raw)
-
-
-def _count(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError as e:
-        raise errors.SettingsError(name, raw, "must be a whole number") from e
-    if value < 1:
-        raise errors.SettingsError(name, raw, "must be at least 1")
-    return value
-
-
-def _level(name: str, raw: str) -> str:
-    if raw.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise errors.SettingsError(name, raw, "must be DEBUG, INFO, WARNING or ERROR")
-    return raw.upper()
-
-
-def _log_format(name: str, raw: str) -> logs.LogFormat:
-    if raw not in logs.FORMATS:
-        raise errors.SettingsError(name, raw, "must be 'text' or 'json'")
-    return cast(logs.LogFormat, raw)
-
-
-def _mode(name: str, raw: str) -> DiscoveryMode:
-    if raw not in ("kubelet", "directory"):
-        raise errors.SettingsError(name, raw, "must be 'kubelet' or 'directory'")
-    return cast(DiscoveryMode, raw)
-
-
-def _seconds(name: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError as e:
-        raise errors.SettingsError(name, raw, "must be a number of seconds") from e
-    if not math.isfinite(value) or value <= 0:
-        raise errors.SettingsError(name, raw, "must be a positive, finite number of seconds")
-    return value
-
-
-def _size(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError as e:
-        raise errors.SettingsError(name, raw, "must be a whole number of bytes") from e
-    if value < 1 << 20:
-        raise errors.SettingsError(name, raw, "must be at least 1048576 bytes (1 MiB)")
-    return value
-
-
-def _port(name: str, raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError as e:
-        raise errors.SettingsError(name, raw, "must be a TCP port number") from e
-    if not 0 <= value <= 65535:
-        raise errors.SettingsError(name, raw, "must be a TCP port in [0, 65535]")
-    return value
