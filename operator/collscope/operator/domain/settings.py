@@ -1,7 +1,8 @@
 """Settings of collscope-operator: frozen dataclasses grouped by concern, read once from the
 environment by ``Settings.from_env()`` (called from ``__main__.main``, never at import).
 
-Environment (every variable optional; the bad one is named in ``SettingsError``):
+Environment (every variable optional; the bad one is named in ``SettingsError``), each declared
+once in ``VARIABLES`` (``collscope.nodeagent.envsettings``, the agent's mechanism too):
 
 - ``COLLSCOPE_TRIGGER_INTERVAL_S`` (1): how often the trigger loop runs per TrainingJob;
 - ``COLLSCOPE_TRIGGER_WINDOW_S`` (5): seconds of records pulled per tick from sampled ranks;
@@ -34,18 +35,16 @@ Environment (every variable optional; the bad one is named in ``SettingsError``)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Final, TypeVar, cast
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
 
-from collscope.nodeagent import logs
-from collscope.operator import errors
+from collscope.nodeagent import envsettings, logs
 from collscope.operator.domain import breaker, injection, policy
 
 DEFAULT_AGENT_URL: Final = "https://{node_ip}:{port}"
 DEFAULT_AGENT_PORT: Final = 9464
 SA_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -118,91 +117,11 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
         """Settings from ``env`` (pass ``os.environ``); defaults for what is absent."""
-
-        def get(name: str, parse: Callable[[str], T], default: T) -> T:
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return parse(raw)
-            except (ValueError, errors.PolicyError) as e:
-                raise errors.SettingsError(name, raw, str(e)) from e
-
-        d = cls()
-        b = d.breaker
-        port = get("COLLSCOPE_AGENT_PORT", _port, d.agents.port)
-        template = get("COLLSCOPE_AGENT_URL", _template, DEFAULT_AGENT_URL)
-        template = template.replace("{port}", str(port))
-        return cls(
-            trigger=TriggerLoopSettings(
-                interval_s=get("COLLSCOPE_TRIGGER_INTERVAL_S", _positive, d.trigger.interval_s),
-                window_s=get("COLLSCOPE_TRIGGER_WINDOW_S", _positive, d.trigger.window_s),
-            ),
-            agents=AgentSettings(
-                url_template=template,
-                port=port,
-                timeout_s=get("COLLSCOPE_AGENT_TIMEOUT_S", _positive, d.agents.timeout_s),
-                retries=get("COLLSCOPE_AGENT_RETRIES", int, d.agents.retries),
-                ca_file=get("COLLSCOPE_AGENT_CA_FILE", str, d.agents.ca_file),
-                server_name=get("COLLSCOPE_AGENT_SERVER_NAME", str, d.agents.server_name),
-                token_file=env.get("COLLSCOPE_AGENT_TOKEN_FILE", d.agents.token_file),
-            ),
-            diagnosis_window_s=get("COLLSCOPE_DIAGNOSIS_WINDOW_S", _positive, 10.0),
-            diagnosis_retention=get("COLLSCOPE_DIAGNOSIS_RETENTION", _at_least_one, 20),
-            namespace=get("COLLSCOPE_NAMESPACE", str, d.namespace),
-            remediation=get("COLLSCOPE_REMEDIATION", _policy, d.remediation),
-            breaker=_breaker(
-                max_cordons=get("COLLSCOPE_BREAKER_MAX_CORDONS", int, b.max_cordons),
-                window_s=get("COLLSCOPE_BREAKER_WINDOW_S", _positive, b.window_s),
-                max_fraction=get("COLLSCOPE_BREAKER_MAX_FRACTION", float, b.max_fraction),
-            ),
-            metrics_port=get("COLLSCOPE_METRICS_PORT", int, d.metrics_port),
-            health_port=get("COLLSCOPE_HEALTH_PORT", int, d.health_port),
-            webhook_port=get("COLLSCOPE_WEBHOOK_PORT", int, d.webhook_port),
-            webhook_cert_dir=get("COLLSCOPE_WEBHOOK_CERT_DIR", str, d.webhook_cert_dir),
-            injection=injection.InjectionSettings(
-                image=get("COLLSCOPE_PLUGIN_IMAGE", str, d.injection.image)
-            ),
-            log_level=get("COLLSCOPE_LOG_LEVEL", _log_level, d.log_level),
-            log_format=get("COLLSCOPE_LOG_FORMAT", _log_format, d.log_format),
-        )
-
-
-def _breaker(*, max_cordons: int, window_s: float, max_fraction: float) -> breaker.BreakerSettings:
-    try:
-        return breaker.BreakerSettings(
-            max_cordons=max_cordons, window_s=window_s, max_fraction=max_fraction
-        )
-    except errors.PolicyError as e:
-        names = "COLLSCOPE_BREAKER_MAX_CORDONS, _WINDOW_S or COLLSCOPE_BREAKER_MAX_FRACTION"
-        values = f"{max_cordons}, {window_s:g}, {max_fraction:g}"
-        raise errors.SettingsError(names, values, str(e)) from e
-
-
-def _at_least_one(raw: str) -> int:
-    value = int(raw)
-    if value < 1:
-        raise ValueError(f"{raw!r} is below 1")
-    return value
-
-
-def _positive(raw: str) -> float:
-    value = float(raw)
-    if not value > 0:
-        raise ValueError("must be > 0")
-    return value
-
-
-def _log_level(raw: str) -> str:
-    if raw.upper() not in logs.LEVELS:
-        raise ValueError(f"must be one of {', '.join(logs.LEVELS)}")
-    return raw.upper()
-
-
-def _log_format(raw: str) -> logs.LogFormat:
-    if raw not in logs.FORMATS:
-        raise ValueError("must be 'text' or 'json'")
-    return cast(logs.LogFormat, raw)
+        base = cls(agents=AgentSettings(url_template=DEFAULT_AGENT_URL))
+        config = envsettings.load(base, VARIABLES, env)
+        agents = config.agents
+        url = agents.url_template.replace("{port}", str(agents.port))
+        return replace(config, agents=replace(agents, url_template=url))
 
 
 def _template(raw: str) -> str:
@@ -213,15 +132,57 @@ def _template(raw: str) -> str:
     return raw
 
 
-def _port(raw: str) -> int:
-    value = int(raw)
-    if not 1 <= value <= 65535:
-        raise ValueError("must be a TCP port in [1, 65535]")
-    return value
-
-
 def _policy(raw: str) -> policy.RemediationPolicy:
     values = json.loads(raw)
     if not isinstance(values, dict):
         raise ValueError("must be a JSON object")
     return policy.RemediationPolicy.from_values(values)
+
+
+_POSITIVE = envsettings.number(positive=True, unit="a number of seconds")
+_PORT = envsettings.integer(0, 65535)  # 0: off
+_TEXT = envsettings.text
+Var = envsettings.Var
+
+# Every variable the operator reads, once (the module docstring explains each).
+VARIABLES: tuple[envsettings.Var[Any], ...] = (
+    Var("COLLSCOPE_TRIGGER_INTERVAL_S", _POSITIVE, "seconds between trigger ticks",
+        "trigger.interval_s"),
+    Var("COLLSCOPE_TRIGGER_WINDOW_S", _POSITIVE, "seconds of records pulled per tick",
+        "trigger.window_s"),
+    Var("COLLSCOPE_AGENT_PORT", envsettings.integer(1, 65535), "the agents' port",
+        "agents.port"),
+    Var("COLLSCOPE_AGENT_URL", _template, "an agent's URL, {node}, {node_ip}, {port}",
+        "agents.url_template"),
+    Var("COLLSCOPE_AGENT_TIMEOUT_S", _POSITIVE, "seconds an agent may take",
+        "agents.timeout_s"),
+    Var("COLLSCOPE_AGENT_RETRIES", envsettings.integer(minimum=0), "retries of an agent call",
+        "agents.retries"),
+    Var("COLLSCOPE_AGENT_CA_FILE", _TEXT, "the CA verifying agents", "agents.ca_file"),
+    Var("COLLSCOPE_AGENT_SERVER_NAME", _TEXT, "the name agents' certificates carry",
+        "agents.server_name"),
+    Var("COLLSCOPE_AGENT_TOKEN_FILE", _TEXT, "the bearer token for agents (empty: none)",
+        "agents.token_file", keep_empty=True),
+    Var("COLLSCOPE_DIAGNOSIS_WINDOW_S", _POSITIVE, "seconds pulled for root cause",
+        "diagnosis_window_s"),
+    Var("COLLSCOPE_DIAGNOSIS_RETENTION", envsettings.integer(minimum=1),
+        "Diagnoses kept per TrainingJob", "diagnosis_retention"),
+    Var("COLLSCOPE_NAMESPACE", _TEXT, "where the breaker ConfigMap lives", "namespace"),
+    Var("COLLSCOPE_REMEDIATION", _policy, "the remediation policy, JSON", "remediation"),
+    Var("COLLSCOPE_BREAKER_MAX_CORDONS", envsettings.integer(), "cordons per window",
+        "breaker.max_cordons"),
+    Var("COLLSCOPE_BREAKER_WINDOW_S", _POSITIVE, "the breaker's window", "breaker.window_s"),
+    Var("COLLSCOPE_BREAKER_MAX_FRACTION", envsettings.number(), "share of nodes per window",
+        "breaker.max_fraction"),
+    Var("COLLSCOPE_METRICS_PORT", _PORT, "the Prometheus port (0: off)", "metrics_port"),
+    Var("COLLSCOPE_HEALTH_PORT", _PORT, "the liveness port (0: off)", "health_port"),
+    Var("COLLSCOPE_WEBHOOK_PORT", _PORT, "the injection webhook's port (0: off)",
+        "webhook_port"),
+    Var("COLLSCOPE_WEBHOOK_CERT_DIR", _TEXT, "the webhook's tls.crt and tls.key",
+        "webhook_cert_dir"),
+    Var("COLLSCOPE_PLUGIN_IMAGE", _TEXT, "the image holding the plugin", "injection.image"),
+    Var("COLLSCOPE_LOG_LEVEL", envsettings.choice(*logs.LEVELS, fold=str.upper),
+        "least severe log lines kept", "log_level"),
+    Var("COLLSCOPE_LOG_FORMAT", envsettings.choice(*logs.FORMATS),
+        "text, or one JSON object per line", "log_format"),
+)  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from collscope.operator import __main__ as main
@@ -69,3 +71,11 @@ def test_log_level_and_format_from_the_environment_then_the_flags() -> None:
     for name, value in (("COLLSCOPE_LOG_LEVEL", "LOUD"), ("COLLSCOPE_LOG_FORMAT", "xml")):
         with pytest.raises(errors.SettingsError, match=name):
             settings.Settings.from_env({name: value})
+
+
+def test_the_docstring_lists_every_variable_read() -> None:
+    assert settings.__doc__ is not None
+    listed = set(re.findall(r"``(COLLSCOPE_[A-Z_]+)``", settings.__doc__))
+    assert listed == {v.env for v in settings.VARIABLES}
+    with pytest.raises(errors.SettingsError, match="^COLLSCOPE_BREAKER_MAX_CORDONS='-1': "):
+        settings.Settings.from_env({"COLLSCOPE_BREAKER_MAX_CORDONS": "-1"})
