@@ -70,7 +70,7 @@ def test_version_exits_0_without_a_cluster(script: str, tmp_path: Path) -> None:
 
 
 PARSERS = {
-    "collscope": cli._parser,
+    "collscope": cli.parser,
     "collscope-agent": agent_main._parser,
     "collscope-operator": operator_main.parser,
 }

@@ -43,7 +43,7 @@ from collscope.operator.domain import flightrecorder, settings
 HTTP_MARGIN_S = 30.0
 
 
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "flightrecorder",
         help="export a job's raw Flight Recorder dumps for torch's flight_recorder tools",
@@ -83,7 +83,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default="",
         help="bearer token file (sent over https only), e.g. from kubectl create token",
     )
-    p.set_defaults(func=_cmd)
+    p.set_defaults(func=run)
 
 
 def _ints(text: str) -> list[int]:
@@ -97,7 +97,7 @@ def _strs(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def _cmd(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     request = api.FlightRecorderRequest(
         ranks=args.ranks, workloads=args.workloads, timeout_s=args.timeout_s, raw=True
     )

@@ -1,4 +1,4 @@
-"""The network-flow side of the `collscope` command (its own module: cli.py holds the rest).
+"""The network-flow side of the `collscope` command (used by simulate.py).
 
     collscope simulate --kind flows --gpus 512 --flow-fault congested-switch --out ./fabric
     collscope simulate --kind flows --flow-fault slow-group@train-03/pp0/tp5 --severity 3 ...

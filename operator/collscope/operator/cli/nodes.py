@@ -1,4 +1,4 @@
-"""The cluster side of the ``collscope`` command (its own module: cli.py holds the rest).
+"""The cluster side of the ``collscope`` command (``uncordon`` and ``breaker``).
 
     collscope uncordon NODE          # remove the marks collscope placed on NODE, and only those
     collscope breaker show           # the cordon circuit breaker's state (ConfigMap)

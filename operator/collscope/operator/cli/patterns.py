@@ -1,4 +1,4 @@
-"""The function-pattern side of the `collscope` command (its own module: cli.py holds the rest).
+"""The function-pattern side of the `collscope` command (used by simulate.py and analyze.py).
 
     collscope simulate --kind patterns --workers 3400 --pattern-case nic-down --out ./prof
     collscope analyze ./prof            # functions.jsonl: EROICA localisation

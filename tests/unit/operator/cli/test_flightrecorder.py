@@ -22,6 +22,7 @@ import pytest
 
 from collscope.nodeagent import api, frdump
 from collscope.nodeagent import flightrecorder as agent_fr
+from collscope.operator.cli import exits
 from collscope.operator.cli import flightrecorder as flightrecorder_commands
 from collscope.operator.cli import main as cli
 from collscope.operator.clients import agents
@@ -161,8 +162,8 @@ def test_the_command_refuses_a_full_directory_and_unreachable_agents(
 ) -> None:
     (tmp_path / "old").write_text("x")
     args = ["flightrecorder", "--agent", "http://127.0.0.1:9", "--timeout-s", "1"]
-    assert cli.main([*args, "--out", str(tmp_path)]) == cli.EXIT_BAD_INPUT
+    assert cli.main([*args, "--out", str(tmp_path)]) == exits.BAD_INPUT
     assert "not empty" in capsys.readouterr().err
-    assert cli.main([*args, "--out", str(tmp_path / "new")]) == cli.EXIT_BAD_INPUT
+    assert cli.main([*args, "--out", str(tmp_path / "new")]) == exits.BAD_INPUT
     assert "no agent answered: http://127.0.0.1:9" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from collscope.operator.cli import exits
 from collscope.operator.cli import main as cli
 from collscope.operator.simulator.patterns import engine as pattern_sim
 
@@ -86,7 +87,7 @@ def test_help_lists_pattern_cases() -> None:
 def test_simulated_case_is_localised(tmp_path: Path, case: str, category: str) -> None:
     truth = _simulate(tmp_path / "b", case)
     res = _run("analyze", str(tmp_path / "b"), "--json")
-    assert res.returncode == cli.EXIT_OK, res.stderr
+    assert res.returncode == exits.OK, res.stderr
     d = json.loads(res.stdout)
     assert d["anomaly"] and d["category"] == category == truth["expected_category"]
     culprit_ranks = truth["culprit_ranks"]
@@ -98,7 +99,7 @@ def test_simulated_case_is_localised(tmp_path: Path, case: str, category: str) -
 def test_healthy_bundle_prints_no_anomaly(tmp_path: Path) -> None:
     _simulate(tmp_path / "b", "healthy")
     res = _run("analyze", str(tmp_path / "b"))
-    assert res.returncode == cli.EXIT_OK
+    assert res.returncode == exits.OK
     assert "no anomaly found" in res.stdout and "patterns: 4,400 patterns" in res.stdout
 
 
@@ -110,7 +111,7 @@ def test_functions_beside_collective_records_are_folded_in(tmp_path: Path) -> No
     _simulate(tmp_path / "p", "pin-memory", workers=16, seed=2)
     shutil.copy(tmp_path / "p" / "functions.jsonl", tmp_path / "c" / "functions.jsonl")
     res = _run("analyze", str(tmp_path / "c"), "--json")
-    assert res.returncode == cli.EXIT_OK, res.stderr
+    assert res.returncode == exits.OK, res.stderr
     d = json.loads(res.stdout)
     assert d["anomaly"]  # only the patterns show one: they lead
     assert d["culprits"][0]["function"] == "pin_memory"
@@ -125,6 +126,6 @@ def test_malformed_functions_line_is_one_line_exit_2(tmp_path: Path) -> None:
             '"window_ns": 1}\n'
         )
     res = _run("analyze", str(tmp_path / "b"))
-    assert res.returncode == cli.EXIT_BAD_INPUT
+    assert res.returncode == exits.BAD_INPUT
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "functions.jsonl" in res.stderr and "kind" in res.stderr

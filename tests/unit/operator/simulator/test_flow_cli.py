@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from collscope.nodeagent.bundle import writer
+from collscope.operator.cli import exits
 from collscope.operator.cli import main as cli
 from collscope.operator.simulator import config
 from collscope.operator.simulator import engine as collective_sim
@@ -57,7 +58,7 @@ def test_analyze_flows_summary_names_the_switch(
         faults=(flow_config.FlowFault("congested-switch", "leaf-01", 30.0),),
     )
     path = flow_sim.simulate(cfg).write(tmp_path / "b.tar.gz")
-    assert cli.main(["analyze", str(path)]) == cli.EXIT_OK
+    assert cli.main(["analyze", str(path)]) == exits.OK
     out = capsys.readouterr().out
     assert "slow.network" in out and "switch leaf-01  component=link" in out
 
@@ -70,7 +71,7 @@ def test_mixed_bundle_lets_collectives_lead(
     )
     flows = flow_sim.simulate(flow_config.preset(64, seed=1, duration_s=30.0))
     path = writer.write(coll.bundle, tmp_path / "mixed", net_flows=flows.net_flows())
-    assert cli.main(["analyze", str(path), "--json"]) == cli.EXIT_OK
+    assert cli.main(["analyze", str(path), "--json"]) == exits.OK
     diag = json.loads(capsys.readouterr().out)
     assert diag["anomaly"] is False  # neither the healthy job nor the healthy fabric alarms
     assert any(e.startswith("flows: ") for e in diag["evidence"])
@@ -82,9 +83,9 @@ def test_flow_options_are_documented_and_checked(tmp_path: Path) -> None:
     for word in ("--kind", "--gpus", "--flow-fault", "congested-switch", "slow-group", "slow-job"):
         assert word in text
     res = _run("simulate", "--kind", "flows", "--flow-fault", "meltdown", "--out", str(tmp_path))
-    assert res.returncode == cli.EXIT_BAD_INPUT and "unknown flow fault" in res.stderr
+    assert res.returncode == exits.BAD_INPUT and "unknown flow fault" in res.stderr
     res = _run("simulate", "--kind", "flows", "--fault", "nic-down", "--out", str(tmp_path / "x"))
-    assert res.returncode == cli.EXIT_BAD_INPUT and "--flow-fault" in res.stderr
+    assert res.returncode == exits.BAD_INPUT and "--flow-fault" in res.stderr
     assert "Traceback" not in res.stderr
 
 
