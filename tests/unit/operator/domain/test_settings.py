@@ -77,5 +77,5 @@ def test_the_docstring_lists_every_variable_read() -> None:
     assert settings.__doc__ is not None
     listed = set(re.findall(r"``(COLLSCOPE_[A-Z_]+)``", settings.__doc__))
     assert listed == {v.env for v in settings.VARIABLES}
-    with pytest.raises(errors.SettingsError, match="^COLLSCOPE_BREAKER_MAX_CORDONS='-1': "):
+    with pytest.raises(errors.SettingsError, match=r"^COLLSCOPE_BREAKER_MAX_CORDONS='-1': "):
         settings.Settings.from_env({"COLLSCOPE_BREAKER_MAX_CORDONS": "-1"})
