@@ -21,6 +21,8 @@ pod index 0 and reached through the Job's headless Service. What it reads (``Set
 | ``COLLSCOPE_TRACE_DIR`` | the webhook | the tmpfs ring volume |
 | ``POD_NAME`` ``POD_NAMESPACE`` ``NODE_NAME`` | the webhook (downward API) | ring identity |
 
+Each is declared once in ``VARIABLES`` (``collscope.nodeagent.envsettings``).
+
 The onset and the stop are armed by the coordinator once every rank has joined (so the test
 driving it never needs to reach into the cluster's pod network). Exit status: 0 when every
 rank process exited 0, else 1; SIGTERM (the Job deleted) is passed on to the ranks.
@@ -37,7 +39,9 @@ import sys
 import time
 from collections.abc import Mapping
 from types import FrameType
+from typing import Any
 
+from collscope.nodeagent import envsettings
 from collscope.operator import errors
 from collscope.operator.onebox import fabric, faults, nccl, rank
 
@@ -50,19 +54,19 @@ LINGER_S = 3.0
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    index: int
     world: int
-    ranks_per_pod: int
+    index: int
     coordinator: tuple[str, int]
     plugin: str
     trace_dir: str
-    pod: str
-    namespace: str
-    node: str
-    fault: str | None
-    fault_ranks: tuple[int, ...]
-    onset_s: float
-    duration_s: float
+    ranks_per_pod: int = 4
+    pod: str = ""
+    namespace: str = ""
+    node: str = ""
+    fault: str | None = None
+    fault_ranks: tuple[int, ...] = ()
+    onset_s: float = 20.0
+    duration_s: float = 0.0
     seed: int = 0
 
     @property
@@ -75,92 +79,34 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Read once; a ``SettingsError`` names the variable that is missing or unusable."""
+        """Read once (``VARIABLES``); a ``SettingsError`` names the variable that is missing or
+        unusable, or that does not fit the others."""
+        found = envsettings.values(env, VARIABLES)
+        found.setdefault("pod", env.get("HOSTNAME", "").strip())
+        return _fitted(cls(**found))
 
-        def need(name: str, hint: str = "") -> str:
-            value = env.get(name, "").strip()
-            if not value:
-                raise errors.SettingsError(name, "", f"not set{hint}")
-            return value
 
-        def integer(name: str, default: int | None = None, minimum: int = 0) -> int:
-            text = env.get(name, "").strip()
-            if not text and default is not None:
-                return default
-            text = need(name)
-            try:
-                value = int(text)
-            except ValueError as e:
-                raise errors.SettingsError(name, text, "not an integer") from e
-            if value < minimum:
-                raise errors.SettingsError(name, text, f"must be >= {minimum}")
-            return value
-
-        def seconds(name: str, default: float) -> float:
-            text = env.get(name, "").strip()
-            try:
-                value = float(text) if text else default
-            except ValueError as e:
-                raise errors.SettingsError(name, text, "not a number of seconds") from e
-            if value < 0:
-                raise errors.SettingsError(name, text, "must be >= 0")
-            return value
-
-        injected = " (is the pod annotated collscope.dev/diagnose and the webhook running?)"
-        world = integer("WORLD_SIZE", minimum=2)
-        per_pod = integer("COLLSCOPE_WORKLOAD_RANKS_PER_POD", 4, minimum=1)
-        if world % per_pod:
-            raise errors.SettingsError(
-                "WORLD_SIZE",
-                str(world),
-                f"not a multiple of COLLSCOPE_WORKLOAD_RANKS_PER_POD={per_pod}",
-            )
-        index = integer("JOB_COMPLETION_INDEX", minimum=0)
-        if index >= world // per_pod:
-            raise errors.SettingsError(
-                "JOB_COMPLETION_INDEX", str(index), f"the job has {world // per_pod} pods"
-            )
-        coordinator_text = need("COLLSCOPE_WORKLOAD_COORDINATOR")
-        try:
-            coordinator = fabric.parse_address(coordinator_text)
-        except ValueError as e:
-            name = "COLLSCOPE_WORKLOAD_COORDINATOR"
-            raise errors.SettingsError(name, coordinator_text, str(e)) from e
-        fault = env.get("COLLSCOPE_WORKLOAD_FAULT", "").strip() or None
-        if fault == "none":
-            fault = None
-        if fault is not None and fault not in faults.NAMES:
-            raise errors.SettingsError(
-                "COLLSCOPE_WORKLOAD_FAULT", fault, f"not one of {', '.join(faults.NAMES)}"
-            )
-        fault_ranks: tuple[int, ...] = ()
-        if fault is not None:
-            text = need("COLLSCOPE_WORKLOAD_FAULT_RANKS", f" (the ranks {fault} hits)")
-            try:
-                fault_ranks = tuple(int(x) for x in text.split(","))
-            except ValueError as e:
-                raise errors.SettingsError(
-                    "COLLSCOPE_WORKLOAD_FAULT_RANKS", text, "not comma-separated ranks"
-                ) from e
-            if not all(0 <= r < world for r in fault_ranks):
-                raise errors.SettingsError(
-                    "COLLSCOPE_WORKLOAD_FAULT_RANKS", text, f"ranks are 0..{world - 1}"
-                )
-        return cls(
-            index=index,
-            world=world,
-            ranks_per_pod=per_pod,
-            coordinator=coordinator,
-            plugin=plugin_path(need("NCCL_PROFILER_PLUGIN", injected)),
-            trace_dir=need("COLLSCOPE_TRACE_DIR", injected),
-            pod=env.get("POD_NAME", "") or env.get("HOSTNAME", ""),
-            namespace=env.get("POD_NAMESPACE", ""),
-            node=env.get("NODE_NAME", ""),
-            fault=fault,
-            fault_ranks=fault_ranks,
-            onset_s=seconds("COLLSCOPE_WORKLOAD_ONSET_S", 20.0),
-            duration_s=seconds("COLLSCOPE_WORKLOAD_DURATION_S", 0.0),
+def _fitted(s: Settings) -> Settings:
+    """``s`` if its values fit together; the fault's ranks dropped when there is no fault."""
+    if s.world % s.ranks_per_pod:
+        raise errors.SettingsError(
+            "WORLD_SIZE",
+            str(s.world),
+            f"not a multiple of COLLSCOPE_WORKLOAD_RANKS_PER_POD={s.ranks_per_pod}",
         )
+    if s.index >= s.pods:
+        raise errors.SettingsError(
+            "JOB_COMPLETION_INDEX", str(s.index), f"the job has {s.pods} pods"
+        )
+    if s.fault is None:
+        return dataclasses.replace(s, fault_ranks=())
+    name = "COLLSCOPE_WORKLOAD_FAULT_RANKS"
+    if not s.fault_ranks:
+        raise errors.SettingsError(name, "", f"not set (the ranks {s.fault} hits)")
+    if not all(0 <= r < s.world for r in s.fault_ranks):
+        text = ",".join(map(str, s.fault_ranks))
+        raise errors.SettingsError(name, text, f"ranks are 0..{s.world - 1}")
+    return s
 
 
 def plugin_path(value: str) -> str:
@@ -169,6 +115,50 @@ def plugin_path(value: str) -> str:
     if "/" in value or value.endswith(".so"):
         return value
     return nccl.LIB_NAME.replace("collscope", value)
+
+
+def _fault(raw: str) -> str | None:
+    if raw == "none":
+        return None
+    if raw not in faults.NAMES:
+        raise ValueError(f"not one of {', '.join(faults.NAMES)}")
+    return raw
+
+
+def _ranks(raw: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in raw.split(","))
+    except ValueError as e:
+        raise ValueError("not comma-separated ranks") from e
+
+
+_INJECTED = " (is the pod annotated collscope.dev/diagnose and the webhook running?)"
+_SECONDS = envsettings.number(minimum=0, unit="a number of seconds")
+Var = envsettings.Var
+
+# What a pod reads, in the order checked (the module docstring's table says who sets each).
+VARIABLES: tuple[envsettings.Var[Any], ...] = (
+    Var("WORLD_SIZE", envsettings.integer(minimum=2), "ranks in the job", "world", required=True),
+    Var("COLLSCOPE_WORKLOAD_RANKS_PER_POD", envsettings.integer(minimum=1),
+        "rank processes per pod", "ranks_per_pod"),
+    Var("JOB_COMPLETION_INDEX", envsettings.integer(minimum=0), "this pod's index", "index",
+        required=True),
+    Var("COLLSCOPE_WORKLOAD_COORDINATOR", fabric.parse_address, "host:port of pod 0's fabric",
+        "coordinator", required=True),
+    Var("COLLSCOPE_WORKLOAD_FAULT", _fault, "the fault, or none", "fault"),
+    Var("COLLSCOPE_WORKLOAD_FAULT_RANKS", _ranks, "the culprit ranks", "fault_ranks"),
+    Var("NCCL_PROFILER_PLUGIN", plugin_path, "the plugin", "plugin", required=True,
+        hint=_INJECTED),
+    Var("COLLSCOPE_TRACE_DIR", envsettings.text, "the ring volume", "trace_dir",
+        required=True, hint=_INJECTED),
+    Var("POD_NAME", envsettings.text, "the pod (else HOSTNAME)", "pod"),
+    Var("POD_NAMESPACE", envsettings.text, "the pod's namespace", "namespace"),
+    Var("NODE_NAME", envsettings.text, "the pod's node", "node"),
+    Var("COLLSCOPE_WORKLOAD_ONSET_S", _SECONDS, "the fault's delay after all joined",
+        "onset_s"),
+    Var("COLLSCOPE_WORKLOAD_DURATION_S", _SECONDS, "the run's length (0: no end)",
+        "duration_s"),
+)  # fmt: skip
 
 
 def specs(s: Settings) -> list[rank.RankSpec]:

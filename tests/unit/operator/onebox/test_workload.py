@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -61,6 +62,13 @@ def test_settings_from_the_pods_environment() -> None:
 def test_a_bad_variable_is_named(change: dict[str, str], message: str) -> None:
     with pytest.raises(errors.SettingsError, match=message):
         workload.Settings.from_env(ENV | change)
+
+
+def test_the_docstring_table_lists_every_variable_read() -> None:
+    assert workload.__doc__ is not None
+    rows = [line for line in workload.__doc__.splitlines() if line.startswith("| ``")]
+    listed = {name for row in rows for name in re.findall(r"``([A-Z_]+)``", row.split("|")[1])}
+    assert listed == {v.env for v in workload.VARIABLES}
 
 
 def test_plugin_path_as_nccl_reads_it() -> None:
