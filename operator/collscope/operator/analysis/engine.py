@@ -173,40 +173,18 @@ def _root_cause(
     """The diagnosis of the trigger ``hit``, or None when a hang trigger turned out to be a
     wait on ranks that are still moving and no slowdown stands out yet (replay goes on)."""
     t = hit.tick_ns
-    kind = hit.kind
+    kind: diagnosis.Trigger = hit.kind
     evidence = [f"trigger ({hit.kind}): {hit.reason}"]
     finding: failure.Finding | None = None
+    window = bundle
     if hit.kind == "hang":
-        since = min(
-            t - int(settings.hang_window_s * NS), hit.since_ns - int(settings.hang_lookback_s * NS)
-        )
-        window = view.select(bundle, since_ns=since, until_ns=t)
-        hint = None if hit.comm is None or hit.seq is None else (hit.comm, hit.seq)
-        # A dead, frozen or lost rank first (``liveness``): its peers' traces look like H3.
-        finding = liveness.analyze(observed or bundle, hit, where=where) or failure.analyze(
-            window,
-            t,
-            grp=grp,
-            where=where,
-            settings=settings.failure,
-            interval_ns=interval,
-            hint=hint,
-        )
-        if finding is not None and finding.category is diagnosis.Category.HANG_NOT_ENTERED:
-            late = sorted({c.rank for c in finding.culprits if c.rank is not None})
-            busy = progress.moving(bundle, late, since_ns=hit.since_ns, t_ns=t)
-            if late and busy >= set(late):
-                kind, finding = "slow", None
-                evidence.append(
-                    f"the waiters wait on rank(s) {late}, which kept completing operations or "
-                    f"moving chunks in the last {(t - hit.since_ns) / 2 / NS:.1f} s: not stuck "
-                    f"(CCL-D H1 needs no increment of their operation counter) but late, so "
-                    f"the stall is judged as a slowdown"
-                )
-            elif late and progress.within_usual_gaps(
-                bundle, late, t_ns=t, k=settings.trigger.hang_k
-            ) >= set(late):
-                return None  # silent no longer than their own compute phases: not stuck yet
+        judged = _hang_finding(
+            bundle, hit, grp=grp, where=where, settings=settings, interval=interval,
+            observed=observed, evidence=evidence,
+        )  # fmt: skip
+        if judged is None:
+            return None
+        kind, finding, window = judged
     if kind == "slow":
         base_from = hit.since_ns - max(
             int(settings.slow_baseline_s * NS), int(settings.slow_baseline_periods * period)
@@ -228,6 +206,68 @@ def _root_cause(
             # baseline (a step-long job shows one late round per step; "constant" late starts
             # need several). A slowdown that persists that long without a culprit is reported.
             return None
+    return _verdict(hit, kind, finding, window, where=where, evidence=evidence)
+
+
+def _hang_finding(
+    bundle: tables.Bundle,
+    hit: trigger.TriggerResult,
+    *,
+    grp: groups.Groups,
+    where: placement.Placement,
+    settings: AnalysisSettings,
+    interval: int,
+    observed: tables.Bundle | None,
+    evidence: list[str],
+) -> tuple[diagnosis.Trigger, failure.Finding | None, tables.Bundle] | None:
+    """``(kind, finding, window)`` of a hang trigger: kind "slow" (finding None) when the
+    waiters wait on ranks still moving (CCL-D H1), None when those ranks have been silent no
+    longer than their own compute phases (not stuck yet: replay goes on). Appends to
+    ``evidence``."""
+    t = hit.tick_ns
+    since = min(
+        t - int(settings.hang_window_s * NS), hit.since_ns - int(settings.hang_lookback_s * NS)
+    )
+    window = view.select(bundle, since_ns=since, until_ns=t)
+    hint = None if hit.comm is None or hit.seq is None else (hit.comm, hit.seq)
+    # A dead, frozen or lost rank first (``liveness``): its peers' traces look like H3.
+    finding = liveness.analyze(observed or bundle, hit, where=where) or failure.analyze(
+        window,
+        t,
+        grp=grp,
+        where=where,
+        settings=settings.failure,
+        interval_ns=interval,
+        hint=hint,
+    )
+    if finding is not None and finding.category is diagnosis.Category.HANG_NOT_ENTERED:
+        late = sorted({c.rank for c in finding.culprits if c.rank is not None})
+        busy = progress.moving(bundle, late, since_ns=hit.since_ns, t_ns=t)
+        if late and busy >= set(late):
+            evidence.append(
+                f"the waiters wait on rank(s) {late}, which kept completing operations or "
+                f"moving chunks in the last {(t - hit.since_ns) / 2 / NS:.1f} s: not stuck "
+                f"(CCL-D H1 needs no increment of their operation counter) but late, so "
+                f"the stall is judged as a slowdown"
+            )
+            return "slow", None, window
+        if late and progress.within_usual_gaps(
+            bundle, late, t_ns=t, k=settings.trigger.hang_k
+        ) >= set(late):
+            return None  # silent no longer than their own compute phases: not stuck yet
+    return "hang", finding, window
+
+
+def _verdict(
+    hit: trigger.TriggerResult,
+    kind: diagnosis.Trigger,
+    finding: failure.Finding | None,
+    window: tables.Bundle,
+    *,
+    where: placement.Placement,
+    evidence: list[str],
+) -> diagnosis.Diagnosis:
+    """The diagnosis of ``finding`` (None: the trigger's sampled ranks, confidence 0.1)."""
     if finding is None:
         return diagnosis.Diagnosis(
             anomaly=True,
@@ -244,7 +284,7 @@ def _root_cause(
     confidence = max(0.0, min(1.0, finding.coverage * (0.5 + 0.5 * finding.margin)))
     top = finding.culprits[0].rank if finding.culprits else None
     hardware = hwsamples.notes(window, top, where) if top is not None else []
-    unmodelled = _unmodelled(window, t_ns=t)
+    unmodelled = _unmodelled(window, t_ns=hit.tick_ns)
     if unmodelled:
         confidence = min(confidence, UNMODELLED_CONFIDENCE)
         evidence.append(

@@ -282,89 +282,20 @@ def _deadlock(ctx: _Ctx, path: list[Trace], ops: dict[Trace, _Op], evidence: lis
 
 
 def _classify(ctx: _Ctx, op: _Op, evidence: list[str]) -> Finding:
-    c, s = op.trace
-    comm_id = ctx.b.comm_id(c)
+    """The hang category of the stuck operation ``op``: members that entered different
+    operations (inconsistent), members that never entered it (not entered), or else all in it
+    and the hardware rules judge the flows that stopped (``hardware.judge``)."""
+    c, _ = op.trace
     members = len(ctx.members(c))
     coverage = (len(op.entered) + len(op.completed) + len(op.missing)) / max(members, 1)
-    p2p = {i for i in (ctx.b.string_index("Send"), ctx.b.string_index("Recv")) if i is not None}
-
-    def signature(o: int, nb: int) -> tuple[int, int]:
-        # A Send and its matching Recv are one operation: compare sizes only.
-        return (-1 if o in p2p else o, nb)
-
-    sig: dict[int, tuple[int, int]] = {}
-    names: dict[int, int] = {}
-    for m, i in op.rows.items():
-        if m in op.entered:
-            sig[m] = signature(int(ctx.now.op[i]), int(ctx.now.nbytes[i]))
-            names[m] = int(ctx.now.op[i])
-    for m in op.completed:
-        rec = ctx.b.ops[
-            (ctx.b.ops["rank"] == m) & (ctx.b.ops["comm"] == c) & (ctx.b.ops["seq"] == s)
-        ]
-        if len(rec):
-            sig[m] = signature(int(rec["op"][0]), int(rec["bytes"][0]))
-            names[m] = int(rec["op"][0])
-    counts = Counter(sig.values())
-    if len(counts) > 1:
-        major = counts.most_common(1)[0][0]
-        top = [v for v, n in counts.items() if n == counts[major]]
-        if len(top) > 1:  # a tie (two members): what the communicator's history expects wins
-            expected = _expected_signature(ctx, c, s, signature)
-            if expected in top:
-                major = expected
-                evidence.append(
-                    f"the members split evenly; seq {s} on comm {comm_id} repeats what this "
-                    f"communicator ran one iteration earlier, which the minority did not enter"
-                )
-        minority = sorted(m for m, v in sig.items() if v != major)
-        share = 1.0 - len(minority) / max(len(sig), 1)
-        culprits = [
-            ctx.where.culprit(m, component="software", score=share, comm=comm_id) for m in minority
-        ]
-        major_name = next(ctx.b.string(names[m]) for m, v in sig.items() if v == major)
-        for m in minority[:4]:
-            evidence.append(
-                f"{ctx.where.label(m)} entered {ctx.b.string(names[m])} of "
-                f"{sig[m][1]} bytes as seq {s} on comm {comm_id}, while "
-                f"{counts[major]} ranks entered {major_name} of {major[1]} bytes"
-            )
-        return Finding(
-            category=diagnosis.Category.HANG_INCONSISTENT,
-            culprits=culprits,
-            evidence=evidence,
-            margin=share,
-            coverage=coverage,
+    sig, names, signature = _signatures(ctx, op)
+    if len(Counter(sig.values())) > 1:
+        return _inconsistent(
+            ctx, op, sig, names, signature=signature, evidence=evidence, coverage=coverage
         )
     if op.missing:
-        entered = len(op.entered) + len(op.completed)
-        share = entered / max(entered + len(op.missing), 1)
-        desc = ctx.describe(op.trace)
-        last = ctx.done.lookup(
-            np.asarray(op.missing, dtype=np.int64), np.full(len(op.missing), c, dtype=np.int64)
-        ).tolist()
-        culprits = [
-            ctx.where.culprit(m, component="software", score=share, comm=comm_id)
-            for m in op.missing
-        ]
-        for m, d in list(zip(op.missing, last, strict=True))[:4]:
-            seen = (
-                f"its last completed seq there is {d}"
-                if d >= 0
-                else "it completed nothing on it in the window"
-            )
-            evidence.append(
-                f"{ctx.where.label(m)} never entered {desc} while {entered} "
-                f"ranks did; {seen} and it is in no operation: it is stuck before "
-                f"the collective (dump its Python stack)"
-            )
-        return Finding(
-            category=diagnosis.Category.HANG_NOT_ENTERED,
-            culprits=culprits,
-            evidence=evidence,
-            margin=share,
-            coverage=coverage,
-        )
+        return _not_entered(ctx, op, evidence, coverage=coverage)
+    comm_id = ctx.b.comm_id(c)
     rows = np.asarray([op.rows[m] for m in op.entered], dtype=np.intp)
     verdict = hardware.judge(
         ctx.b,
@@ -384,4 +315,114 @@ def _classify(ctx: _Ctx, op: _Op, evidence: list[str]) -> Finding:
         margin=verdict.margin,
         coverage=coverage * verdict.coverage,
         precision=verdict.precision,
+    )
+
+
+_Signature = Callable[[int, int], tuple[int, int]]
+
+
+def _signatures(
+    ctx: _Ctx, op: _Op
+) -> tuple[dict[int, tuple[int, int]], dict[int, int], _Signature]:
+    """Per member that entered or completed ``op``: its (op, bytes) signature and op name
+    index, and the signature function (a Send and its matching Recv compare by size only)."""
+    c, s = op.trace
+    p2p = {i for i in (ctx.b.string_index("Send"), ctx.b.string_index("Recv")) if i is not None}
+
+    def signature(o: int, nb: int) -> tuple[int, int]:
+        # A Send and its matching Recv are one operation: compare sizes only.
+        return (-1 if o in p2p else o, nb)
+
+    sig: dict[int, tuple[int, int]] = {}
+    names: dict[int, int] = {}
+    for m, i in op.rows.items():
+        if m in op.entered:
+            sig[m] = signature(int(ctx.now.op[i]), int(ctx.now.nbytes[i]))
+            names[m] = int(ctx.now.op[i])
+    for m in op.completed:
+        rec = ctx.b.ops[
+            (ctx.b.ops["rank"] == m) & (ctx.b.ops["comm"] == c) & (ctx.b.ops["seq"] == s)
+        ]
+        if len(rec):
+            sig[m] = signature(int(rec["op"][0]), int(rec["bytes"][0]))
+            names[m] = int(rec["op"][0])
+    return sig, names, signature
+
+
+def _inconsistent(
+    ctx: _Ctx,
+    op: _Op,
+    sig: dict[int, tuple[int, int]],
+    names: dict[int, int],
+    *,
+    signature: _Signature,
+    evidence: list[str],
+    coverage: float,
+) -> Finding:
+    """HANG_INCONSISTENT: the members whose signature differs from the majority's (a tie
+    goes to what the communicator's history expects)."""
+    c, s = op.trace
+    comm_id = ctx.b.comm_id(c)
+    counts = Counter(sig.values())
+    major = counts.most_common(1)[0][0]
+    top = [v for v, n in counts.items() if n == counts[major]]
+    if len(top) > 1:  # a tie (two members): what the communicator's history expects wins
+        expected = _expected_signature(ctx, c, s, signature)
+        if expected in top:
+            major = expected
+            evidence.append(
+                f"the members split evenly; seq {s} on comm {comm_id} repeats what this "
+                f"communicator ran one iteration earlier, which the minority did not enter"
+            )
+    minority = sorted(m for m, v in sig.items() if v != major)
+    share = 1.0 - len(minority) / max(len(sig), 1)
+    culprits = [
+        ctx.where.culprit(m, component="software", score=share, comm=comm_id) for m in minority
+    ]
+    major_name = next(ctx.b.string(names[m]) for m, v in sig.items() if v == major)
+    for m in minority[:4]:
+        evidence.append(
+            f"{ctx.where.label(m)} entered {ctx.b.string(names[m])} of "
+            f"{sig[m][1]} bytes as seq {s} on comm {comm_id}, while "
+            f"{counts[major]} ranks entered {major_name} of {major[1]} bytes"
+        )
+    return Finding(
+        category=diagnosis.Category.HANG_INCONSISTENT,
+        culprits=culprits,
+        evidence=evidence,
+        margin=share,
+        coverage=coverage,
+    )
+
+
+def _not_entered(ctx: _Ctx, op: _Op, evidence: list[str], *, coverage: float) -> Finding:
+    """HANG_NOT_ENTERED: the members that never entered ``op`` while the others did."""
+    c, _ = op.trace
+    comm_id = ctx.b.comm_id(c)
+    entered = len(op.entered) + len(op.completed)
+    share = entered / max(entered + len(op.missing), 1)
+    desc = ctx.describe(op.trace)
+    last = ctx.done.lookup(
+        np.asarray(op.missing, dtype=np.int64), np.full(len(op.missing), c, dtype=np.int64)
+    ).tolist()
+    culprits = [
+        ctx.where.culprit(m, component="software", score=share, comm=comm_id) for m in op.missing
+    ]
+    for m, d in list(zip(op.missing, last, strict=True))[:4]:
+        seen = (
+            f"its last completed seq there is {d}"
+            if d >= 0
+            else "it completed nothing on it in the window"
+        )
+        evidence.append(
+            f"{ctx.where.label(m)} never entered {desc} while {entered} "
+            f"ranks did; {seen} and it is in no operation: it is stuck before "
+            f"the collective (dump its Python stack)"
+        )
+    return Finding(
+        category=diagnosis.Category.HANG_NOT_ENTERED,
+        culprits=culprits,
+        evidence=evidence,
+        margin=share,
+        coverage=coverage,
     )

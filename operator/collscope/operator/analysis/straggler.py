@@ -149,6 +149,7 @@ def _analyze(
     settings: StragglerSettings,
     ev: _Evidence,
 ) -> failure.Finding | None:
+    """Steps 1-4 of the module docstring; the per-rank evidence weighed goes to ``ev``."""
     s = settings
     ops = bundle.ops
     before = ops[(ops["end"] > base_from_ns) & (ops["end"] <= since_ns)]
@@ -185,41 +186,81 @@ def _analyze(
     )
     ev.ranks, ev.late, ev.net, ev.host = ranks, late, net, fl.host
     if fl.host.max() >= s.host_min_samples:
-        i = int(np.argmax(fl.host))
-        return _finding(
-            Cat.SLOW_HOST,
-            fl.host,
-            ranks,
-            where=where,
-            s=s,
-            why=[
-                f"{where.label(int(ranks[i]))}: {int(fl.host[i])} flow samples idle for "
-                f">= {s.host_stall_s:g} s waiting on its proxy (chunks ready and the receiver "
-                f"ready, or chunks delivered to it and not yet noticed), in operations that then "
-                f"completed: bursty proxy (host) stalls, not a steady network slowdown"
-            ],
-            p=None,
-        )
+        return _host_finding(fl.host, ranks, where=where, s=s)
     if net.max() > 0:
-        net = net + s.slow_path_weight * _norm(fl.slow_path) * float(net.max())
-        # Two endpoints of one slow path score alike, or apart only by Table 4's one-hop
-        # reading (a slow ingress at the receiver looks like a local cause at the sender). A
-        # NIC whose link trained below its peers' speed, or that carries others' traffic, is
-        # direct evidence on the device: it outweighs that reading (one slow-path unit) and
-        # nothing more, so it never overrides a difference in transfer slowdown.
-        implicated = [int(r) for r in ranks[net > 0]]
-        slow_links = hwsamples.nic_slow(bundle, implicated)
-        busy = hwsamples.nic_busy(bundle, implicated)
-        hint = np.array([float(int(r) in slow_links or int(r) in busy) for r in ranks])
-        net = net + hint * s.slow_path_weight * float(net.max())
-        notes = [
-            *notes,
-            *hwsamples.nic_slow_text(slow_links, where),
-            *hwsamples.nic_busy_text(busy, where)[:2],
-        ]
+        net, notes = _with_path_evidence(
+            bundle, net, notes, slow_path=fl.slow_path, ranks=ranks, where=where, s=s
+        )
+    ev.net = net
+    return _decide(win, base, ranks=ranks, late=late, net=net, notes=notes, where=where, s=s, ev=ev)
+
+
+def _host_finding(
+    host: F64, ranks: I64, *, where: placement.Placement, s: StragglerSettings
+) -> failure.Finding:
+    """Step 1: ``slow.host``, the rank with the most proxy-stall flow samples."""
+    i = int(np.argmax(host))
+    return _finding(
+        Cat.SLOW_HOST,
+        host,
+        ranks,
+        where=where,
+        s=s,
+        why=[
+            f"{where.label(int(ranks[i]))}: {int(host[i])} flow samples idle for "
+            f">= {s.host_stall_s:g} s waiting on its proxy (chunks ready and the receiver "
+            f"ready, or chunks delivered to it and not yet noticed), in operations that then "
+            f"completed: bursty proxy (host) stalls, not a steady network slowdown"
+        ],
+        p=None,
+    )
+
+
+def _with_path_evidence(
+    bundle: tables.Bundle,
+    net: F64,
+    notes: list[str],
+    *,
+    slow_path: F64,
+    ranks: I64,
+    where: placement.Placement,
+    s: StragglerSettings,
+) -> tuple[F64, list[str]]:
+    """Step 2's network evidence refined by slow-path flows and the NICs' own samples."""
+    net = net + s.slow_path_weight * _norm(slow_path) * float(net.max())
+    # Two endpoints of one slow path score alike, or apart only by Table 4's one-hop
+    # reading (a slow ingress at the receiver looks like a local cause at the sender). A
+    # NIC whose link trained below its peers' speed, or that carries others' traffic, is
+    # direct evidence on the device: it outweighs that reading (one slow-path unit) and
+    # nothing more, so it never overrides a difference in transfer slowdown.
+    implicated = [int(r) for r in ranks[net > 0]]
+    slow_links = hwsamples.nic_slow(bundle, implicated)
+    busy = hwsamples.nic_busy(bundle, implicated)
+    hint = np.array([float(int(r) in slow_links or int(r) in busy) for r in ranks])
+    net = net + hint * s.slow_path_weight * float(net.max())
+    notes = [
+        *notes,
+        *hwsamples.nic_slow_text(slow_links, where),
+        *hwsamples.nic_busy_text(busy, where)[:2],
+    ]
+    return net, notes
+
+
+def _decide(
+    win: rounds.Rounds,
+    base: rounds.Rounds,
+    *,
+    ranks: I64,
+    late: F64,
+    net: F64,
+    notes: list[str],
+    where: placement.Placement,
+    s: StragglerSettings,
+    ev: _Evidence,
+) -> failure.Finding | None:
+    """Step 3: compute, network or mixed from the two kinds of evidence and CCL-D's P."""
     has_comp = late.max() >= s.min_late_rounds
     has_net = net.max() > 0
-    ev.net = net
     if not has_comp and not has_net:
         return None
     p = _ccl_p(win, base, int(ranks[int(np.argmax(late if has_comp else net))]))

@@ -26,6 +26,19 @@ one jittery round never fires. While a sampled rank is stalled (but not yet past
 threshold) the slow checks are skipped, the streak paused: a stall is the hang rule's business
 (Algorithm 1 checks failure before slowness). Normals are updated only on ticks where nothing
 looked slow (Algorithm 1 line 9).
+
+Why one module: the rules above are one state machine, not independent checks. They read and
+write one ``TriggerState`` each tick (the baselines, the slow streak, the sampled set, the
+remembered episodes), and the interplay is Algorithm 1 itself: a hang is checked before
+slowness, a stall pauses the slow streak without resetting it, a resolved stall becomes an
+episode, normals are learned only on ticks where no rule fired, and a rank that rotates in is
+learned before it is judged. Putting each rule in its own module would spread that order over
+modules that reach into one object's fields. What needs no per-tick state already lives
+elsewhere: thresholds, Tbase and normals in ``baseline``, stalls in ``inflight``. The two
+pieces with state of their own, the ratio rule's round verdicts (``_round_slow``) and the
+bursty-stall episodes (``_episodes``), could become small classes of their own modules; that
+was not done because each is ~60 lines read together with the streak logic it feeds, so at
+535 lines the module is long by what it documents, not by what it mixes.
 """
 
 from __future__ import annotations
