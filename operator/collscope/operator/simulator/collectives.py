@@ -210,33 +210,8 @@ def time_phase(
     if phase.kind == "p2p":
         start = np.maximum(start, entry[dst_m])
     start = np.where(stuck[g], np.inf, start)
-    scale = tpl.chunk_bytes / fab.chunk_bytes
-    gpu0 = np.full(len(src), fab.gpu_chunk_us * 1e-6 * scale)
-    nic_s = fab.nic_gbytes_s * 1e9 / cfg.channels
-    nv_s = fab.nvlink_gbytes_s * 1e9 / cfg.channels
-    xfer0 = np.where(inter, tpl.chunk_bytes / nic_s, tpl.chunk_bytes / nv_s)
-    div = np.where(inter, np.maximum(fx.nic_div[src], fx.nic_div[dst]), 1.0)
-    stall_src = inter & (src == fx.stall_rank)
-    stall_dst = inter & (dst == fx.stall_rank)
-
-    def pair(base: FloatArray, mult: FloatArray) -> tuple[FloatArray, FloatArray]:
-        return (base, base) if bool(np.all(mult == 1.0)) else (base, base * mult)
-
-    params = chunks.Params(
-        start=start,
-        entry_dst=entry[dst_m],
-        gpu_src=pair(gpu0, fx.gpu_mult[src]),
-        gpu_dst=pair(gpu0, fx.gpu_mult[dst]),
-        xfer=pair(xfer0, div),
-        latency=np.where(inter, fab.net_latency_us, fab.nvlink_latency_us) * 1e-6,
-        proxy=fab.proxy_us * 1e-6,
-        gpu_stop_src=fx.gpu_stop[src],
-        gpu_stop_dst=fx.gpu_stop[dst],
-        lost_after=np.where(inter, np.minimum(fx.nic_stop[src], fx.nic_stop[dst]), np.inf),
-        stall_src=stall_src,
-        stall_dst=stall_dst,
-        stalls=fx.stalls,
-        onset=fx.onset,
+    params = _params(
+        tpl, start=start, entry_dst=entry[dst_m], src=src, dst=dst, inter=inter, cfg=cfg, fx=fx
     )
     deps = np.where(tpl.deps[et] >= 0, tpl.deps[et] * n_groups + g[:, None], -1)
     graph = chunks.Graph(
@@ -263,6 +238,50 @@ def time_phase(
         chan_end=chan_end,
         inter=member_inter,
         flows=_flows(t, inter, src_m=src_m, dst_m=dst_m, src=src, dst=dst, chan=chan),
+    )
+
+
+def _params(
+    tpl: Template,
+    *,
+    start: FloatArray,
+    entry_dst: FloatArray,
+    src: IntArray,
+    dst: IntArray,
+    inter: BoolArray,
+    cfg: config.SimConfig,
+    fx: faults.Effects,
+) -> chunks.Params:
+    """The per-edge costs of one phase: GPU and transfer time per chunk (as the faults change
+    them), latencies, and where the faults stop or stall an edge."""
+    fab = cfg.fabric
+    scale = tpl.chunk_bytes / fab.chunk_bytes
+    gpu0 = np.full(len(src), fab.gpu_chunk_us * 1e-6 * scale)
+    nic_s = fab.nic_gbytes_s * 1e9 / cfg.channels
+    nv_s = fab.nvlink_gbytes_s * 1e9 / cfg.channels
+    xfer0 = np.where(inter, tpl.chunk_bytes / nic_s, tpl.chunk_bytes / nv_s)
+    div = np.where(inter, np.maximum(fx.nic_div[src], fx.nic_div[dst]), 1.0)
+    stall_src = inter & (src == fx.stall_rank)
+    stall_dst = inter & (dst == fx.stall_rank)
+
+    def pair(base: FloatArray, mult: FloatArray) -> tuple[FloatArray, FloatArray]:
+        return (base, base) if bool(np.all(mult == 1.0)) else (base, base * mult)
+
+    return chunks.Params(
+        start=start,
+        entry_dst=entry_dst,
+        gpu_src=pair(gpu0, fx.gpu_mult[src]),
+        gpu_dst=pair(gpu0, fx.gpu_mult[dst]),
+        xfer=pair(xfer0, div),
+        latency=np.where(inter, fab.net_latency_us, fab.nvlink_latency_us) * 1e-6,
+        proxy=fab.proxy_us * 1e-6,
+        gpu_stop_src=fx.gpu_stop[src],
+        gpu_stop_dst=fx.gpu_stop[dst],
+        lost_after=np.where(inter, np.minimum(fx.nic_stop[src], fx.nic_stop[dst]), np.inf),
+        stall_src=stall_src,
+        stall_dst=stall_dst,
+        stalls=fx.stalls,
+        onset=fx.onset,
     )
 
 
