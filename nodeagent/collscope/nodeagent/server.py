@@ -27,6 +27,12 @@ body holds nothing); a send timeout per write; a TLS handshake timeout. The even
 blocks: the service's methods run in two thread pools, one for quick reads and one for slow
 work (py-spy, Flight Recorder, export). That way a slow request never delays the operator's
 pulls.
+
+Why one module: it is the agent's whole HTTP surface, what a hostile caller meets: the routes
+with their query parsing and refusals (``Server``), and the transport guards beneath them
+(``Connections``, ``Guarded``, ``Certificate``), which the routes' answers depend on (a refusal
+before the body closes the connection). The guards are the part that would move out first,
+into a transport module, if either side grows.
 """
 
 from __future__ import annotations

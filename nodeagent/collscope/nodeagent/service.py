@@ -32,7 +32,7 @@ ranks list each (workload, rank) apart. A rank whose writer's pid cannot be reso
 host (hidden, or a forged ring header) is that rank's error in the stacks or Flight Recorder
 report, not the request's.
 
-Past 400 lines: every endpoint's answer is put together here from the sampler, the window and
+Why one module: every endpoint's answer is put together here from the sampler, the window and
 the injected capabilities; ``hw_owners`` and the helpers at the end are what would move out first.
 """
 

@@ -14,6 +14,11 @@ This module is the one boundary where ``OSError``, JSON, UTF-8, pydantic, tar, g
 errors become ``errors.BundleFormatError`` (file, line, dotted field such as ``flows[2].done``,
 reason), always ``from`` the original. The ground-truth file of simulated bundles is never
 opened: the spec says readers ignore it, and analysis must not see it.
+
+Why one module: it is that boundary. The two sources (a directory, a ``.tar.gz`` read without
+extracting it), the line streaming and the translation of every failure into a
+``BundleFormatError`` with file, line and field (``_raise_invalid``, ``_dotted``) serve one
+reading and share its error vocabulary; split, the boundary would have several doors.
 """
 
 from __future__ import annotations

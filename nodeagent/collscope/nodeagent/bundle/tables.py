@@ -21,6 +21,11 @@ Shapes (one row each):
 
 ``BundleBuilder`` is the one way to make a ``Bundle``: the reader feeds it parsed lines, the
 simulator feeds it generated records. Both call the same ``add_*`` methods.
+
+Why one module: the dtypes, the ``Bundle`` that reads them and the ``BundleBuilder`` that fills
+them agree on every column, on the interned strings and on the (rank, time) order; a column
+added to a dtype is met by its reader and its writer in the same file. The sorting and
+remapping helpers at the end serve the builder only.
 """
 
 from __future__ import annotations

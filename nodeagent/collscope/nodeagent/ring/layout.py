@@ -13,10 +13,13 @@ File layout (all little-endian, naturally aligned, no pointers)::
                                                     FLOW_SLOT x 128 (chunk counters)
     [event_region_offset, +size)  EVENT x N         64-byte completion / communicator records
 
-Strings are fixed-size ``char`` arrays, NUL-terminated by the writer (``S<n>`` here). Over 300
-lines because it restates the header's fields one per line, to be compared with it.
+Strings are fixed-size ``char`` arrays, NUL-terminated by the writer (``S<n>`` here).
 ``Checker`` holds the value domains of the fields (enumeration codes, ranks, times): a value
 outside its domain is reported as ``errors.RingCorrupt``, never passed on.
+
+Why one module: it restates the header's fields one per line, in the header's order, to be
+read side by side with it and checked against it by one test; ``Checker`` is the domains of
+those same fields, and a field and its domain change together.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ count them). The writer publishes each slot under a seqlock (ring header protoco
 module copies them consistently (``seqlock_copy``) and turns the copies into typed records
 (``snapshot``). ``ring.Ring.snapshot`` is the entry point.
 
-Over 400 lines: the copy takes only the live slots (the 10 Hz sampler's main cost,
+Why one module: the copy takes only the live slots (the 10 Hz sampler's main cost,
 bench/agent_ingest), which needs the slot geometry, plain views of the mapping and a retry
 path of its own; they sit here beside the decoder that shares them.
 """

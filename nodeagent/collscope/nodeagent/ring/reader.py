@@ -32,6 +32,11 @@ a slot could in theory pass its seqlock check.
 
 The pieces: ``layout`` (the binary layout and value checks), ``livestate`` (live state,
 seqlock copies), ``eventlog`` (the event ring), ``records`` (bundle-v1 records).
+
+Why one module: what is left here after those pieces moved out is the distrustful ``open``,
+the header's validation and the ``Ring`` that reads through the layout it validated; each
+read of ``Ring`` relies on the bounds ``_validate_header`` established, so they stay side by
+side. Most of the length is the protocol's explanation above.
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ counters are ordered), in (channel, send before recv, peer) order, peers mapped 
 equals the reference on real plugin rings.
 
 Values are checked as the reference checks them: a non-torn slot outside its domain raises
-``errors.RingCorrupt`` naming slot and field; a torn one is left out. Just over 400 lines: the
-vectorised lookups of ``Names`` (global ranks, interned ids) live with the rows that use them.
+``errors.RingCorrupt`` naming slot and field; a torn one is left out.
+
+Why one module: it is one computation, the vectorised twin of ``records.state_records``, and
+is tested as one against it; the lookups of ``Names`` (global ranks, interned ids) live with
+the rows that use them.
 """
 
 from __future__ import annotations

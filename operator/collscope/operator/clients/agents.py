@@ -31,6 +31,11 @@ This module is the one boundary where httpx and pydantic errors become
 
     client = agents.AgentClient("node-3", "http://10.0.0.3:9464", access=settings.agents)
     got, failed = await agents.gather({"node-3": client.ranks()})
+
+Why one module: it is that boundary, one client of one API. The calls, the trust and token
+files they present (``_Trust``, ``_TokenFile``), the retries and the translation of errors
+share one ``httpx`` client and one notion of failure; the callers see ``AgentClient`` and
+``gather`` only.
 """
 
 from __future__ import annotations

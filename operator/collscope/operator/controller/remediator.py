@@ -24,6 +24,10 @@ uncordon``). No kopf here: the handlers patch the returned status and post the E
 
 Every breaker read-modify-write happens under one ``asyncio.Lock`` (one active operator replica
 acts at a time under kopf peering).
+
+Why one module: the four gates are one sequence with one lock and one record of what was done;
+the decisions themselves are already pure modules (``policy``, ``confirmation``, ``breaker``,
+``remediation``), and what stays here is their order and the cluster calls between them.
 """
 
 from __future__ import annotations

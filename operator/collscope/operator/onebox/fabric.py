@@ -30,6 +30,9 @@ Requests: ``SYNC`` (rank r, n = its block: ``2 + nchannels * rank.COUNTERS`` val
 ``REPLY`` with rank = the world size and n = every slot: ``stop``, ``onset``, then one block per
 rank (``CUR_SEQ``, ``CUR_SIG``, then per channel the ``COUNTERS`` counters). The server closes
 a connection that sends anything else; the client checks the reply against its own world.
+
+Why one module: the server and the client are the two ends of this one wire format and its
+slot layout (``Layout``, ``_pack``, ``_read_message``); they change together.
 """
 
 from __future__ import annotations

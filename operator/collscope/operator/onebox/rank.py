@@ -33,6 +33,10 @@ The shared state is a ``State``: ``Shared`` (one memory-mapped file) on one mach
 ``fabric.Client`` (the same slots behind a TCP server) for ranks in pods on different nodes
 (``workload.py``); the second argument of ``python -m collscope.operator.onebox.rank SPEC
 WHERE`` is the file's path or ``tcp://host:port``.
+
+Why one module: it is one process's program, the rank's progress loop (``Rank``) and the
+shared slots it reads and writes (``Shared``, ``State``), which are one protocol between ranks;
+``fabric`` already holds the TCP variant of that state.
 """
 
 from __future__ import annotations
