@@ -8,6 +8,7 @@ Hierarchy::
     ├── AnalysisError(ValueError)                 input that analysis cannot work with
     ├── ParallelismError(ValueError)              a declared parallelism that cannot be used
     ├── InvalidTransition(ValueError)             a Diagnosis phase change that is not allowed
+    ├── SpecError(ValueError)                     a TrainingJob or Diagnosis not of its CRD's shape
     ├── RemediationError(ValueError)              node marks that cannot be planned or undone
     ├── PolicyError(ValueError)                   a policy or breaker setting out of range
     ├── SettingsError(ValueError)                 an environment variable or flag unusable, named
@@ -50,6 +51,14 @@ class ParallelismError(CollscopeError, ValueError):
 
 class InvalidTransition(CollscopeError, ValueError):  # noqa: N818 - reads as a state-machine verdict
     """A Diagnosis phase change the state machine does not allow (e.g. Diagnosed -> Analyzing)."""
+
+
+class SpecError(CollscopeError, ValueError):
+    """A TrainingJob's or Diagnosis's ``spec`` or ``status`` with a value of the wrong type
+    (``domain.resources`` parses them). ``str()`` names the resource and each field, e.g.
+    ``TrainingJob spec.diagnosis.trigger.intervalSeconds: Input should be a valid number,
+    unable to parse string as a number (got 'fast')``.
+    """
 
 
 class RemediationError(CollscopeError, ValueError):

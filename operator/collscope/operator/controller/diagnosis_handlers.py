@@ -48,7 +48,7 @@ from collscope.operator import errors
 from collscope.operator.analysis import diagnosis, engine
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller import evidence, profile_handlers, remediator, trigger_loop
-from collscope.operator.domain import ids, jobs, metrics, owners, settings, status
+from collscope.operator.domain import ids, jobs, metrics, owners, resources, settings, status
 
 NS = 1_000_000_000
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -215,7 +215,19 @@ async def _workload(api: kube.Cluster, namespace: str, job: str) -> dict[str, An
         tj = await api.get_trainingjob(namespace, job) if job else None
     except errors.KubeError:
         return None
-    return None if tj is None else owners.workload_of(tj)
+    return None if (parsed := _trainingjob(tj)) is None else owners.workload_of(parsed)
+
+
+def _trainingjob(tj: Mapping[str, Any] | None) -> resources.TrainingJob | None:
+    """``tj`` parsed; None when there is none or it is not of its CRD's shape (logged: the
+    cluster's remediation policy applies then, as to a TrainingJob policy it cannot use)."""
+    if tj is None:
+        return None
+    try:
+        return resources.TrainingJob.parse(tj)
+    except errors.SpecError as e:
+        logging.getLogger(__name__).warning("%s", e)
+        return None
 
 
 def event(
@@ -266,7 +278,7 @@ async def analyse(
         raise errors.AnalysisError(f"no ranks of TrainingJob {job} found on any agent")
     api: kube.Cluster = memo.kube
     tj = await api.get_trainingjob(namespace, job)
-    tj_spec: Mapping[str, Any] = (tj or {}).get("spec") or {}
+    tj_spec = resources.TrainingJob.parse(tj or {}).spec
     window_s = float(spec.get("windowSeconds") or cfg.diagnosis_window_s)
     started = time.perf_counter()
     t_ns = time.time_ns()
@@ -307,7 +319,8 @@ async def remediate(
     rem: remediator.Remediator = memo.remediator
     cfg: settings.Settings = memo.settings
     tj = await api.get_trainingjob(namespace, job) if job else None
-    overrides = (((tj or {}).get("spec") or {}).get("diagnosis") or {}).get("remediation")
+    parsed = _trainingjob(tj)
+    overrides = None if parsed is None else parsed.spec.diagnosis.remediation.overrides()
     current = body.get("status") or {}
     pendings: dict[str, dict[str, Any]] = memo.setdefault("confirmations", {})
     uid = f"{namespace}/{name}/{body.get('metadata', {}).get('uid', '')}"
@@ -329,7 +342,7 @@ async def remediate(
         new.update(status_phase("Diagnosed", "Remediated", cond, generation, "node marked"))
     if new:
         await _patch(api, namespace, name, new)
-    workload = None if tj is None else owners.workload_of(tj)
+    workload = None if parsed is None else owners.workload_of(parsed)
     for warning, reason, message in step.events:
         event(body, workload, name, warning=warning, reason=reason, message=message)
     for a in new.get("actions") or ():

@@ -50,6 +50,7 @@ from collscope.operator.domain import (
     jobs,
     metrics,
     owners,
+    resources,
     retention,
     sampling,
     settings,
@@ -213,7 +214,7 @@ async def tick(
     unreachable: list[agents.Unreachable] = []
     if rt.needs_discovery(pods.by_job.get(key, {}), now_s, cfg.trigger.rediscover_s):
         unreachable += await discover(memo, key, rt, now_s)
-    analysis = jobs.analysis_settings(spec)
+    analysis = jobs.analysis_settings(resources.TrainingJobSpec.parse(spec))
     max_ranks = int(((spec.get("diagnosis") or {}).get("sampling") or {}).get("maxRanks", 0))
     rt.set_max_ranks(max_ranks or sampling.DEFAULT_MAX_RANKS)
     chosen_groups = job_groups(spec, rt)
@@ -306,7 +307,7 @@ async def _open_incident(
         logger.info("trigger (%s): %s -> Diagnosis %s", hit.kind, hit.reason, diag)
         text = f"{hit.kind}: {hit.reason}; Diagnosis {diag}"
         kopf.warn(body, reason="Triggered", message=text)
-        workload = owners.workload_of(body)
+        workload = owners.workload_of(resources.TrainingJob.parse(body))
         if workload is not None:  # also where the job's owner looks
             target = kopf.Body(cast(kopf.RawBody, workload))  # kopf reads only the reference
             kopf.warn(target, reason="Triggered", message=f"TrainingJob {name}: {text}"[:1000])
@@ -322,13 +323,12 @@ async def retain(memo: kopf.Memo, namespace: str, job: str, logger: Logger) -> l
     api: kube.Cluster = memo.kube
     gone: list[str] = []
     try:
-        old = retention.beyond(
-            await api.list_diagnoses(namespace), job=job, keep=cfg.diagnosis_retention
-        )
+        listed = [resources.Diagnosis.parse(o) for o in await api.list_diagnoses(namespace)]
+        old = retention.beyond(listed, job=job, keep=cfg.diagnosis_retention)
         nodes = sorted({n for o in old if (n := retention.culprit_node(o)) is not None})
         held = retention.named_by_marks([await api.get_node(n) for n in nodes])
         for o in old:
-            name = str(o["metadata"]["name"])
+            name = str(o.metadata["name"])
             if f"{namespace}/{name}" not in held:
                 await api.delete_diagnosis(namespace, name)
                 gone.append(name)

@@ -34,7 +34,7 @@ from typing import Any
 from collscope.nodeagent import api
 from collscope.nodeagent.bundle import models, tables
 from collscope.operator.analysis import engine, trigger
-from collscope.operator.domain import groups, ids, numbering, sampling
+from collscope.operator.domain import groups, ids, numbering, resources, sampling
 
 # (node name, host IP or "") -> base URL of that node's agent, or None when unknown.
 AgentDirectory = Callable[[str, str], str | None]
@@ -349,18 +349,18 @@ def diagnosis_body(
     }
 
 
-def analysis_settings(spec: Mapping[str, Any]) -> engine.AnalysisSettings:
+def analysis_settings(spec: resources.TrainingJobSpec) -> engine.AnalysisSettings:
     """The engine's settings with a TrainingJob's trigger overrides applied."""
-    trig = ((spec.get("diagnosis") or {}).get("trigger")) or {}
+    trig = spec.diagnosis.trigger
     base = engine.AnalysisSettings()
     t = base.trigger
     changes: dict[str, Any] = {}
-    if "hangFloorSeconds" in trig:
-        changes["hang_floor_s"] = float(trig["hangFloorSeconds"])
-    if "throughputDrop" in trig:
-        changes["throughput_drop"] = float(trig["throughputDrop"])
-    if "intervalGrowth" in trig:
-        changes["interval_growth"] = float(trig["intervalGrowth"])
+    if trig.hang_floor_seconds is not None:
+        changes["hang_floor_s"] = trig.hang_floor_seconds
+    if trig.throughput_drop is not None:
+        changes["throughput_drop"] = trig.throughput_drop
+    if trig.interval_growth is not None:
+        changes["interval_growth"] = trig.interval_growth
     if not changes:
         return base
     return dataclasses.replace(base, trigger=dataclasses.replace(t, **changes))

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from collscope.operator.domain import groups, ids
+from collscope.operator.domain import groups, ids, resources
 
 TOP_LEVEL = frozenset(
     {"JobSet", "PyTorchJob", "MPIJob", "TFJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob",
@@ -154,24 +154,25 @@ def trainingjob_body(
     }
 
 
-def workload_of(trainingjob: Mapping[str, Any]) -> dict[str, Any] | None:
+def workload_of(trainingjob: resources.TrainingJob) -> dict[str, Any] | None:
     """The workload a TrainingJob stands for, as an Event's target (``kopf.event`` takes a
     body): ``spec.owner``, else its ownerReference; None for a hand-written TrainingJob with a
     selector. collscope's Events go there too, where ``kubectl describe pytorchjob/...`` (or
     jobset, job) shows them to the job's owner."""
-    meta = trainingjob.get("metadata") or {}
-    ref = (trainingjob.get("spec") or {}).get("owner")
-    if not ref:
-        ref = next(iter(meta.get("ownerReferences") or ()), None)
-    if not ref or not all(ref.get(k) for k in ("apiVersion", "kind", "name")):
+    meta = trainingjob.metadata
+    ref = trainingjob.spec.owner
+    if ref is None or not ref.model_fields_set:  # absent or {}: the ownerReference
+        first = next(iter(meta.get("ownerReferences") or ()), None)
+        ref = None if not first else resources.OwnerRef.model_validate(first)
+    if ref is None or not all((ref.api_version, ref.kind, ref.name)):
         return None
     return {
-        "apiVersion": str(ref["apiVersion"]),
-        "kind": str(ref["kind"]),
+        "apiVersion": ref.api_version,
+        "kind": ref.kind,
         "metadata": {
-            "name": str(ref["name"]),
+            "name": ref.name,
             "namespace": str(meta.get("namespace", "")),
-            "uid": str(ref.get("uid", "")),
+            "uid": ref.uid,
         },
     }
 

@@ -10,7 +10,8 @@ a faulty node stays marked after the job, and that Diagnosis is the record of wh
 Diagnosis per marked node is kept that way, so a job keeps at most ``keep`` plus the nodes it
 got marked.
 
-Pure: ``beyond`` chooses among listed objects; ``named_by_marks`` reads Nodes the caller got.
+Pure: ``beyond`` chooses among listed objects (``resources.Diagnosis``, parsed by the caller);
+``named_by_marks`` reads Nodes the caller got.
 """
 
 from __future__ import annotations
@@ -18,26 +19,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from collscope.operator.domain import remediation
+from collscope.operator.domain import remediation, resources
 
 DEFAULT_KEEP = 20
 
 
-def job_of(obj: Mapping[str, Any]) -> str:
+def job_of(obj: resources.Diagnosis) -> str:
     """The TrainingJob a Diagnosis is about (``spec.trainingJob.name``)."""
-    return str(((obj.get("spec") or {}).get("trainingJob") or {}).get("name", ""))
+    return obj.spec.training_job.name
 
 
-def finished(obj: Mapping[str, Any]) -> bool:
+def finished(obj: resources.Diagnosis) -> bool:
     """Nothing runs on it any more: analysis and remediation are done."""
-    st = obj.get("status") or {}
-    phase = st.get("phase")
-    if phase in ("Failed", "Remediated"):
+    st = obj.status
+    if st.phase in ("Failed", "Remediated"):
         return True
-    return phase == "Diagnosed" and st.get("action") not in (None, "pending")
+    return st.phase == "Diagnosed" and st.action not in (None, "pending")
 
 
-def beyond(objs: Iterable[Mapping[str, Any]], *, job: str, keep: int) -> list[Mapping[str, Any]]:
+def beyond(
+    objs: Iterable[resources.Diagnosis], *, job: str, keep: int
+) -> list[resources.Diagnosis]:
     """The finished Diagnoses of ``job`` older than its newest ``keep``, oldest first."""
     mine = [o for o in objs if job_of(o) == job]
     mine.sort(key=_created)
@@ -45,8 +47,8 @@ def beyond(objs: Iterable[Mapping[str, Any]], *, job: str, keep: int) -> list[Ma
     return [o for o in old if finished(o)]
 
 
-def _created(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj["metadata"]
+def _created(obj: resources.Diagnosis) -> tuple[str, str]:
+    meta = obj.metadata
     return str(meta.get("creationTimestamp", "")), str(meta["name"])  # RFC 3339 sorts as text
 
 
@@ -63,6 +65,5 @@ def named_by_marks(nodes: Sequence[Mapping[str, Any] | None]) -> set[str]:
     return out
 
 
-def culprit_node(obj: Mapping[str, Any]) -> str | None:
-    node = (obj.get("status") or {}).get("culpritNode")
-    return str(node) if node else None
+def culprit_node(obj: resources.Diagnosis) -> str | None:
+    return obj.status.culprit_node or None

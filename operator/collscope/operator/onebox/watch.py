@@ -26,7 +26,7 @@ from collscope.operator import errors
 from collscope.operator.analysis import diagnosis, trigger
 from collscope.operator.clients import agents
 from collscope.operator.controller import diagnosis_handlers, trigger_loop
-from collscope.operator.domain import jobs, metrics, sampling, settings
+from collscope.operator.domain import jobs, metrics, resources, sampling, settings
 from collscope.operator.onebox import box
 
 NS = 1_000_000_000
@@ -86,7 +86,7 @@ async def watch(
     rt: jobs.JobRuntime = memo.jobs.setdefault(key, jobs.JobRuntime())
     out = Outcome()
     spec: dict[str, Any] = {}
-    analysis = jobs.analysis_settings(spec)
+    analysis = jobs.analysis_settings(resources.TrainingJobSpec.parse(spec))
     rt.set_max_ranks(sampling.DEFAULT_MAX_RANKS)
     end = time.monotonic() + duration_s
     while time.monotonic() < end:

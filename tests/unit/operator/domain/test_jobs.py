@@ -6,7 +6,7 @@ from typing import Any
 
 from collscope.nodeagent import api
 from collscope.operator.analysis import trigger
-from collscope.operator.domain import groups, ids, jobs
+from collscope.operator.domain import groups, ids, jobs, resources
 
 NO_GROUPS = groups.JobGroups("inferred", (), (), (), ())
 
@@ -136,9 +136,9 @@ def test_discovery_and_resample_follow_the_pods() -> None:
 
 
 def test_analysis_settings_apply_trigger_overrides() -> None:
-    assert jobs.analysis_settings({}).trigger.hang_floor_s == 1.5
-    got = jobs.analysis_settings({"diagnosis": {"trigger": {"hangFloorSeconds": 3,
-                                                             "throughputDrop": 0.25}}})  # fmt: skip
+    assert jobs.analysis_settings(resources.TrainingJobSpec()).trigger.hang_floor_s == 1.5
+    spec = {"diagnosis": {"trigger": {"hangFloorSeconds": 3, "throughputDrop": 0.25}}}
+    got = jobs.analysis_settings(resources.TrainingJobSpec.parse(spec))
     assert got.trigger.hang_floor_s == 3.0 and got.trigger.throughput_drop == 0.25
     assert got.tick_s == 1.0
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collscope.operator import errors
-from collscope.operator.domain import ids, owners
+from collscope.operator.domain import ids, owners, resources
 
 
 def ref(kind: str, name: str, api: str = "v1", *, controller: bool = True) -> dict[str, Any]:
@@ -196,8 +196,8 @@ def test_events_also_go_to_the_workload() -> None:
     tj = owners.trainingjob_body(ref, ids.Namespace("ml"))
     want = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "metadata": {"name": "llama", "namespace": "ml", "uid": "u-1"}}  # fmt: skip
-    assert owners.workload_of(tj) == want
+    assert owners.workload_of(resources.TrainingJob.parse(tj)) == want
     del tj["spec"]["owner"]
-    assert owners.workload_of(tj) == want  # from the ownerReference
+    assert owners.workload_of(resources.TrainingJob.parse(tj)) == want  # the ownerReference
     by_hand = {"metadata": {"name": "x", "namespace": "ml"}, "spec": {"selector": {}}}
-    assert owners.workload_of(by_hand) is None
+    assert owners.workload_of(resources.TrainingJob.parse(by_hand)) is None

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from collscope.operator.controller import trigger_loop
-from collscope.operator.domain import remediation, retention, settings
+from collscope.operator.domain import remediation, resources, retention, settings
 
 
 def diag(i: int, *, job: str = "j", phase: str = "Diagnosed", action: str | None = "none",
@@ -28,15 +28,16 @@ def diag(i: int, *, job: str = "j", phase: str = "Diagnosed", action: str | None
     }
 
 
-def names(objs: list[Any]) -> list[str]:
-    return [o["metadata"]["name"] for o in objs]
+def names(objs: list[resources.Diagnosis]) -> list[str]:
+    return [o.metadata["name"] for o in objs]
 
 
 def test_the_newest_stay_and_only_finished_older_ones_go() -> None:
-    objs = [diag(i) for i in range(6)] + [diag(i, job="other") for i in range(9)]
-    objs[1] = diag(1, phase="Analyzing", action=None)  # still running
-    objs[2] = diag(2, action="pending")  # waiting for its re-check
-    objs[3] = diag(3, phase="Failed", action="none")
+    raw = [diag(i) for i in range(6)] + [diag(i, job="other") for i in range(9)]
+    raw[1] = diag(1, phase="Analyzing", action=None)  # still running
+    raw[2] = diag(2, action="pending")  # waiting for its re-check
+    raw[3] = diag(3, phase="Failed", action="none")
+    objs = [resources.Diagnosis.parse(o) for o in raw]
     assert names(retention.beyond(reversed(objs), job="j", keep=2)) == ["j-00", "j-03"]
     assert retention.beyond(objs, job="j", keep=20) == []
 
