@@ -54,11 +54,11 @@ async def test_live_diagnosis_names_gpu_and_nic_from_the_hardware_in_the_window(
         assert x.gpu_uuid and x.gpu_pci_bus_id == f"0000:{2 * i + 1:02x}:00.0"
 
     urls = {n: onebox.agent_url(n) for n in lay.node_names()}
-    memo = watch.memo_for(lay, urls, onebox.uids, CONFIG)
+    state = watch.operator_state(lay, urls, onebox.uids, CONFIG)
     try:
-        out = await watch.watch(memo, lay, duration_s=HEALTHY_S + 25)
+        out = await watch.watch(state, lay, duration_s=HEALTHY_S + 25)
     finally:
-        await trigger_loop.close_clients(memo)
+        await trigger_loop.close_clients(state)
     assert out.result is not None and out.bundle is not None, out
     d = out.result
     assert d.category == "hang.network", d

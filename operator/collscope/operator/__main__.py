@@ -38,7 +38,7 @@ from collscope.operator.controller import (
     diagnosis_handlers,
     handlers,
     profile_handlers,
-    remediator,
+    state,
     trigger_loop,
     webhook,
 )
@@ -54,8 +54,8 @@ def build(
     *,
     meters: metrics.OperatorMetrics | None = None,
     clock: Callable[[], float] = time.time,
-) -> tuple[kopf.OperatorRegistry, kopf.Memo]:
-    """Every handler on a new registry, and the memo they share."""
+) -> tuple[kopf.OperatorRegistry, state.OperatorState]:
+    """Every handler on a new registry, and the state they share (kopf's ``memo``)."""
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
     trigger_loop.register(registry, config)
@@ -63,25 +63,13 @@ def build(
     profile_handlers.register(registry)
     if config.webhook_port:
         webhook.register(registry, config.injection)
-    meters = meters if meters is not None else metrics.OperatorMetrics()
-    memo = trigger_loop.add_to_memo(
-        handlers.memo_for(api), config=config, directory=directory, meters=meters
-    )
-    memo.remediator = remediator.Remediator(
-        api=api,
-        namespace=config.namespace,
-        configmap=config.breaker_configmap,
-        breaker_settings=config.breaker,
-        defaults=config.remediation,
-        meters=meters,
-        clock=clock,
-    )
+    shared = state.OperatorState.create(api, config, directory, meters=meters, clock=clock)
 
     @kopf.on.probe(id="trainingjobs", registry=registry)
-    def watched(memo: kopf.Memo, **_: object) -> int:
+    def watched(memo: state.OperatorState, **_: object) -> int:
         return len(memo.jobs)
 
-    return registry, memo
+    return registry, shared
 
 
 def webhook_server(config: settings.Settings) -> kopf.WebhookServer:
@@ -170,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meters = metrics.OperatorMetrics()
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port, registry=meters.registry)
-    registry, memo = build(
+    registry, shared = build(
         config, api, jobs.template_directory(config.agents.url_template), meters=meters
     )
     liveness = f"http://0.0.0.0:{config.health_port}/healthz" if config.health_port else None
@@ -180,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_kopf(settings, config, priority=priority, peering=peering)
 
     asyncio.run(
-        kopf.operator(registry=registry, clusterwide=True, memo=memo, liveness_endpoint=liveness)
+        kopf.operator(registry=registry, clusterwide=True, memo=shared, liveness_endpoint=liveness)
     )
     return 0
 

@@ -48,7 +48,8 @@ from collscope.operator import errors
 from collscope.operator.analysis import diagnosis, engine
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller import evidence, profile_handlers, remediator, trigger_loop
-from collscope.operator.domain import ids, jobs, metrics, owners, resources, settings, status
+from collscope.operator.controller.state import OperatorState
+from collscope.operator.domain import ids, jobs, owners, resources, status
 
 NS = 1_000_000_000
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -60,11 +61,10 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.startup(id="breaker", registry=registry)(rebuild_breaker)
 
 
-async def rebuild_breaker(memo: kopf.Memo, logger: Logger, **_: Any) -> None:
+async def rebuild_breaker(memo: OperatorState, logger: Logger, **_: Any) -> None:
     """The breaker counts the nodes that carry collscope's marks now, not a stale record."""
-    rem: remediator.Remediator = memo.remediator
     try:
-        summary = await rem.rebuild()
+        summary = await memo.remediator.rebuild()
     except (errors.KubeError, errors.RemediationError) as e:
         logger.warning("circuit breaker not rebuilt from the nodes at start-up: %s", e)
         return
@@ -83,7 +83,7 @@ async def process(
     spec: kopf.Spec,
     status: kopf.Status,
     meta: kopf.Meta,
-    memo: kopf.Memo,
+    memo: OperatorState,
     logger: Logger,
     **_: Any,
 ) -> None:
@@ -91,14 +91,14 @@ async def process(
     # with a stale body): each Diagnosis is processed once per operator lifetime.
     if profile_handlers.LABEL in (meta.get("labels") or {}):
         return  # written whole by profile_handlers: function-level, never remediated
-    seen: set[str] = memo.diagnoses_seen
+    seen = memo.diagnoses_seen
     key = f"{namespace}/{name}/{meta.get('uid', '')}"
     if key in seen:
         return
     seen.add(key)
     try:
         await _process(
-            name, namespace or "", body=body, spec=spec, status=status, meta=meta, memo=memo,
+            name, namespace or "", body=body, spec=spec, status=status, meta=meta, state=memo,
             logger=logger,
         )  # fmt: skip
     except BaseException:
@@ -114,10 +114,10 @@ async def _process(
     spec: kopf.Spec,
     status: kopf.Status,
     meta: kopf.Meta,
-    memo: kopf.Memo,
+    state: OperatorState,
     logger: Logger,
 ) -> None:
-    api: kube.Cluster = memo.kube
+    api = state.kube
     phase = status.get("phase")
     generation = meta.get("generation")
     conditions = list(status.get("conditions") or [])
@@ -130,7 +130,7 @@ async def _process(
             await _patch(api, namespace, name, new)
             phase, conditions = step, new["conditions"]
         try:
-            result, failed = await analyse(memo, namespace, job, spec, diagnosis_name=name)
+            result, failed = await analyse(state, namespace, job, spec, diagnosis_name=name)
         except (errors.AgentError, errors.KubeError, errors.AnalysisError) as e:
             await _failed(
                 api, namespace=namespace, name=name, body=body, phase=phase,
@@ -153,16 +153,16 @@ async def _process(
             for f in failed[: status_mod.MAX_AGENT_ERRORS]
         ]
         await _patch(api, namespace, name, new)
-        meters: metrics.OperatorMetrics = memo.metrics
         category = result.category or "none"
-        meters.diagnoses.labels(category=category, namespace=namespace, trainingjob=job).inc()
+        labels = {"category": category, "namespace": namespace, "trainingjob": job}
+        state.metrics.diagnoses.labels(**labels).inc()
         summary = _summary(result)
         workload = await _workload(api, namespace, job)
         event(body, workload, name, warning=result.anomaly, reason="Diagnosed", message=summary)
         logger.info("Diagnosis %s/%s: %s", namespace, name, summary)
         conditions = new["conditions"]
         found = await evidence.collect(
-            memo, namespace, job=job, spec=spec, result=result, logger=logger
+            state, namespace, job=job, spec=spec, result=result, logger=logger
         )
         if found:
             await _patch(api, namespace, name, found)
@@ -171,7 +171,7 @@ async def _process(
     else:
         result = diagnosis.Diagnosis.model_validate(status.get("result") or {})
     await remediate(
-        memo, api, namespace=namespace, name=name, job=job, result=result,
+        state, api, namespace=namespace, name=name, job=job, result=result,
         conditions=conditions, generation=generation, body=body,
     )  # fmt: skip
 
@@ -255,7 +255,7 @@ async def _patch(api: kube.Cluster, namespace: str, name: str, new: Mapping[str,
 
 
 async def analyse(
-    memo: kopf.Memo,
+    state: OperatorState,
     namespace: str,
     job: str,
     spec: Mapping[str, Any],
@@ -266,24 +266,21 @@ async def analyse(
 
     The replay watches the ranks the trigger watched when it opened this Diagnosis (with a
     rotating sample, the current ones may be other groups'), else the ones watched now."""
-    cfg: settings.Settings = memo.settings
-    meters: metrics.OperatorMetrics = memo.metrics
+    cfg, meters = state.settings, state.metrics
     key = (namespace, job)
-    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
-    rt = runtimes.setdefault(key, jobs.JobRuntime())
+    rt = state.jobs.setdefault(key, jobs.JobRuntime())
     failed: list[agents.Unreachable] = []
     if not rt.ranks:
-        failed += await trigger_loop.discover(memo, key, rt, time.monotonic())
+        failed += await trigger_loop.discover(state, key, rt, time.monotonic())
     if not rt.ranks:
         raise errors.AnalysisError(f"no ranks of TrainingJob {job} found on any agent")
-    api: kube.Cluster = memo.kube
-    tj = await api.get_trainingjob(namespace, job)
+    tj = await state.kube.get_trainingjob(namespace, job)
     tj_spec = resources.TrainingJob.parse(tj or {}).spec
     window_s = float(spec.get("windowSeconds") or cfg.diagnosis_window_s)
     started = time.perf_counter()
     t_ns = time.time_ns()
     bundle, more = await agents.pull_window(
-        trigger_loop.clients_of(memo, key),
+        trigger_loop.clients_of(state, key),
         jobs.by_node(rt.ranks, rt.ranks),
         jobs.bundle_job(job, rt.ranks),
         since_ns=t_ns - int(window_s * NS),
@@ -291,7 +288,7 @@ async def analyse(
         workloads=jobs.workloads_by_node(rt.ranks),
     )
     failed += more
-    trigger_loop.note_failures(memo, failed)
+    trigger_loop.note_failures(state, failed)
     watched = rt.watched_when.get(diagnosis_name, rt.sample)
     sampled = [int(r) for r in watched if r in rt.ranks] or None
     try:
@@ -305,7 +302,7 @@ async def analyse(
 
 
 async def remediate(
-    memo: kopf.Memo,
+    state: OperatorState,
     api: kube.Cluster,
     *,
     namespace: str,
@@ -316,13 +313,12 @@ async def remediate(
     generation: Any,
     body: kopf.Body,
 ) -> None:
-    rem: remediator.Remediator = memo.remediator
-    cfg: settings.Settings = memo.settings
+    rem, cfg = state.remediator, state.settings
     tj = await api.get_trainingjob(namespace, job) if job else None
     parsed = _trainingjob(tj)
     overrides = None if parsed is None else parsed.spec.diagnosis.remediation.overrides()
     current = body.get("status") or {}
-    pendings: dict[str, dict[str, Any]] = memo.setdefault("confirmations", {})
+    pendings = state.confirmations
     uid = f"{namespace}/{name}/{body.get('metadata', {}).get('uid', '')}"
     pending = current.get("confirmation") or pendings.get(uid)
     if pending is not None and pending.get("state") != "Pending":
@@ -332,7 +328,7 @@ async def remediate(
         step = await rem.remediate(
             f"{namespace}/{name}", result, overrides, pending=pending,
             conditions=conditions, generation=generation,
-            hardware=hardware_source(memo, (namespace, job)), window_s=window_s,
+            hardware=hardware_source(state, (namespace, job)), window_s=window_s,
         )  # fmt: skip
     except (errors.KubeError, errors.RemediationError) as e:
         raise kopf.TemporaryError(f"remediation: {e}", delay=5) from e
@@ -361,23 +357,20 @@ async def remediate(
     pendings.pop(uid, None)
 
 
-def hardware_source(memo: kopf.Memo, job: jobs.JobKey) -> remediator.HardwareSource:
+def hardware_source(state: OperatorState, job: jobs.JobKey) -> remediator.HardwareSource:
     """The hardware samples of a node from its agent (``AgentClient.hardware``), the agent
     found from the Node's InternalIP, else from the host IP of the job's pods there (the job
-    may be gone by the re-check: the Node's address comes first); ``memo.hardware`` replaces
-    it (tests)."""
-    injected: remediator.HardwareSource | None = memo.get("hardware")
-    if injected is not None:
-        return injected
-    cfg: settings.Settings = memo.settings
+    may be gone by the re-check: the Node's address comes first); ``OperatorState.hardware``
+    replaces it (tests)."""
+    if state.hardware is not None:
+        return state.hardware
+    cfg = state.settings
 
     async def read(node: ids.NodeName, since_ns: int, until_ns: int) -> list[Any]:
-        api: kube.Cluster = memo.kube
-        obj = await api.get_node(node) or {}
+        obj = await state.kube.get_node(node) or {}
         addresses = (obj.get("status") or {}).get("addresses") or []
         ip = next((str(a.get("address")) for a in addresses if a.get("type") == "InternalIP"), "")
-        pods: jobs.Pods = memo.pods
-        url = memo.directory(node, ip or pods.nodes(job).get(node, ""))
+        url = state.directory(node, ip or state.pods.nodes(job).get(node, ""))
         if url is None:
             raise errors.AgentUnreachable(f"no agent URL for node {node}")
         client = agents.AgentClient(

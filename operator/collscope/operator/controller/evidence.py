@@ -12,18 +12,17 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import kopf
-
 from collscope.nodeagent import api as api_models
 from collscope.operator.analysis import diagnosis
 from collscope.operator.clients import agents
-from collscope.operator.domain import flightrecorder, ids, jobs, settings, stackgrid, status
+from collscope.operator.controller.state import OperatorState
+from collscope.operator.domain import flightrecorder, ids, jobs, stackgrid, status
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
 async def collect(
-    memo: kopf.Memo,
+    state: OperatorState,
     namespace: str,
     *,
     job: str,
@@ -37,8 +36,8 @@ async def collect(
     want_stacks = result.anomaly or "stacks" in requested
     want_fr = spec.get("trigger") in ("hang", "slow") or "flightRecorder" in requested
     grid, fr = await asyncio.gather(
-        collect_stacks(memo, namespace, job, result, logger) if want_stacks else _none(),
-        collect_flight_recorder(memo, namespace, job=job, spec=spec, result=result, logger=logger)
+        collect_stacks(state, namespace, job, result, logger) if want_stacks else _none(),
+        collect_flight_recorder(state, namespace, job=job, spec=spec, result=result, logger=logger)
         if want_fr
         else _none(),
     )
@@ -55,17 +54,17 @@ async def _none() -> None:
 
 
 def _clients(
-    memo: kopf.Memo, namespace: str, job: str, nodes: Iterable[str], timeout_s: float
+    state: OperatorState, namespace: str, job: str, nodes: Iterable[str], timeout_s: float
 ) -> dict[str, agents.AgentClient]:
     """Fresh clients of the agents of ``nodes`` for one slow collection (not the trigger's
     cached ones: a longer timeout, no retries since a retry would ask for a second dump)."""
     clients: dict[str, agents.AgentClient] = {}
-    pods: jobs.Pods = memo.pods
+    pods = state.pods
     wanted = set(nodes)
     for node, ip in pods.nodes((namespace, job)).items():
-        url = memo.directory(node, ip) if node in wanted else None
+        url = state.directory(node, ip) if node in wanted else None
         if url is not None:
-            access = memo.settings.agents
+            access = state.settings.agents
             clients[node] = agents.AgentClient(
                 node, url, timeout_s=timeout_s, retries=0, access=access
             )
@@ -73,7 +72,7 @@ def _clients(
 
 
 async def collect_flight_recorder(
-    memo: kopf.Memo,
+    state: OperatorState,
     namespace: str,
     *,
     job: str,
@@ -85,8 +84,7 @@ async def collect_flight_recorder(
     node, summarised (``flightrecorder.summarise``). Unreachable agents, agents without the
     capability and ranks without a dump become notes; an unexpected error here is logged and
     noted too: the evidence is optional, the Diagnosis is not."""
-    cfg: settings.Settings = memo.settings
-    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
+    cfg, runtimes = state.settings, state.jobs
     rt = runtimes.get((namespace, job))
     if rt is None or not rt.ranks:
         return None
@@ -94,7 +92,7 @@ async def collect_flight_recorder(
     involved = _incident_members(rt, spec, result)
     ranks = flightrecorder.choose(culprits, involved, [int(r) for r in rt.ranks])
     asked = jobs.by_node([ids.Rank(r) for r in ranks], rt.ranks)
-    clients = _clients(memo, namespace, job, asked, cfg.flight_recorder_timeout_s + 2.0)
+    clients = _clients(state, namespace, job, asked, cfg.flight_recorder_timeout_s + 2.0)
     workloads = jobs.workloads_by_node(rt.ranks)  # only this job's processes on each node
     request = {
         node: api_models.FlightRecorderRequest(
@@ -131,7 +129,7 @@ def _incident_members(
 
 
 async def collect_stacks(
-    memo: kopf.Memo,
+    state: OperatorState,
     namespace: str,
     job: str,
     result: diagnosis.Diagnosis,
@@ -139,8 +137,7 @@ async def collect_stacks(
 ) -> list[dict[str, Any]]:
     """py-spy stacks of the culprits and sampled ranks (``stackgrid``), grouped; agents that
     cannot dump (no py-spy, no ptrace) only cost a log line."""
-    cfg: settings.Settings = memo.settings
-    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
+    cfg, runtimes = state.settings, state.jobs
     rt = runtimes.get((namespace, job))
     if rt is None or not rt.ranks:
         return []
@@ -148,7 +145,7 @@ async def collect_stacks(
     ranks = stackgrid.choose(culprits, [int(r) for r in rt.sample], [int(r) for r in rt.ranks])
     # A longer timeout than the trigger's: py-spy takes seconds.
     nodes = {rt.ranks[ids.Rank(r)].node for r in ranks}
-    clients = _clients(memo, namespace, job, nodes, cfg.stacks_timeout_s + 2.0)
+    clients = _clients(state, namespace, job, nodes, cfg.stacks_timeout_s + 2.0)
     workloads = jobs.workloads_by_node(rt.ranks)  # only this job's processes on each node
     calls = {
         f"{rt.ranks[ids.Rank(r)].node}/rank {r}": clients[rt.ranks[ids.Rank(r)].node].stacks(

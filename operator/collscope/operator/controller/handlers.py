@@ -7,17 +7,18 @@ ReplicaSets through ``kube.Kube``) and its TrainingJob created once, owned by th
 Kubernetes deletes it with the workload.
 
 Handlers are attached to a registry by ``register`` (no import-time registration, so tests and
-``__main__`` choose the registry); the API adapter arrives in ``memo.kube`` and the names of
-TrainingJobs known to exist in ``memo.trainingjobs`` (a set), which saves an API call per pod
-event. ``on.event`` errors are only logged by kopf, so failures here are logged and the next
-event of the same pod tries again. ``memo.locks`` serialises the pods of one workload. Each
-opted-in pod's node and host IP are noted in ``memo.pods`` (``jobs.Pods``) under its
+``__main__`` choose the registry); the shared state arrives as kopf's ``memo``
+(``state.OperatorState``): the API adapter in ``kube`` and the names of TrainingJobs known to
+exist in ``trainingjobs`` (a set), which saves an API call per pod event. ``on.event`` errors
+are only logged by kopf, so failures here are logged and the next event of the same pod tries
+again. ``locks`` serialises the pods of one workload. Each opted-in pod's node and host IP are
+noted in ``pods`` (``jobs.Pods``) under its
 TrainingJob, where the trigger loop (``trigger_loop.py``) finds the agents of the job's nodes.
 
 Hand-written TrainingJobs (issue 15 item 7): one with ``spec.selector`` (a LabelSelector) owns
 the opted-in pods of its namespace whose labels it selects (``owners.selector_matches``). The
-selectors are kept in ``memo.selectors`` by an ``on.event`` handler on TrainingJobs, and the
-opted-in pods seen in ``memo.seen`` (labels and place), so a TrainingJob written after its pods
+selectors are kept in ``selectors`` by an ``on.event`` handler on TrainingJobs, and the
+opted-in pods seen in ``seen`` (labels and place), so a TrainingJob written after its pods
 finds them at once. A pod a selector claims is noted under that TrainingJob and gets no
 TrainingJob of its own (a workload TrainingJob made before the selector one was seen keeps its
 name but loses the pod).
@@ -38,6 +39,7 @@ import kopf
 from collscope.nodeagent import podcontract
 from collscope.operator import errors
 from collscope.operator.clients import kube
+from collscope.operator.controller.state import OperatorState, Selectors
 from collscope.operator.domain import ids, injection, jobs, owners
 
 PARALLELISM_ANNOTATION = "collscope.dev/parallelism"
@@ -54,18 +56,6 @@ def register(registry: kopf.OperatorRegistry) -> None:
     kopf.on.event(kube.GROUP, kube.VERSION, kube.TRAININGJOBS, registry=registry)(trainingjob_event)
 
 
-def memo_for(api: kube.Kube) -> kopf.Memo:
-    """The operator's shared state, passed to ``kopf.operator(memo=...)``."""
-    return kopf.Memo(
-        kube=api, trainingjobs=set(), locks={}, pods=jobs.Pods(), selectors={}, seen={},
-        warned=set(),
-    )  # fmt: skip
-
-
-Selectors = dict[jobs.JobKey, dict[str, Any]]  # (namespace, TrainingJob) -> its spec.selector
-Seen = dict[tuple[str, str], tuple[dict[str, str], jobs.PodPlace]]  # (ns, pod) -> labels, place
-
-
 def claimed_by(selectors: Selectors, namespace: str, labels: dict[str, str]) -> str | None:
     """The TrainingJob whose selector takes a pod of ``namespace`` (first by name), if any."""
     for (ns, name), selector in sorted(selectors.items()):
@@ -75,20 +65,19 @@ def claimed_by(selectors: Selectors, namespace: str, labels: dict[str, str]) -> 
 
 
 async def trainingjob_event(
-    event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any
+    event: kopf.RawEvent, body: kopf.Body, memo: OperatorState, **_: Any
 ) -> None:
-    """Keep ``memo.selectors`` in step with TrainingJobs carrying ``spec.selector``; a new or
-    changed selector takes the opted-in pods already seen."""
+    """Keep ``OperatorState.selectors`` in step with TrainingJobs carrying ``spec.selector``; a
+    new or changed selector takes the opted-in pods already seen."""
     meta = body.get("metadata") or {}
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-    selectors: Selectors = memo.selectors
+    selectors = memo.selectors
     selector = (body.get("spec") or {}).get("selector")
     if event.get("type") == "DELETED" or not isinstance(selector, dict):
         selectors.pop(key, None)
         return
     selectors[key] = dict(selector)
-    pods: jobs.Pods = memo.pods
-    seen: Seen = memo.seen
+    pods, seen = memo.pods, memo.seen
     for (ns, _pod), (labels, place) in sorted(seen.items()):
         if ns == key[0] and claimed_by(selectors, ns, labels) == key[1]:
             pods.forget(ns, _pod)
@@ -98,24 +87,23 @@ async def trainingjob_event(
 async def opted_in_pod(
     event: kopf.RawEvent,
     body: kopf.Body,
-    memo: kopf.Memo,
+    memo: OperatorState,
     logger: logging.Logger | logging.LoggerAdapter[Any],
     **_: Any,
 ) -> None:
     """Make sure the workload of an opted-in pod has its TrainingJob."""
     meta = body.get("metadata") or {}
-    pods: jobs.Pods = memo.pods
-    seen: Seen = memo.seen
+    pods, seen = memo.pods, memo.seen
     pod_key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     if event.get("type") == "DELETED" or not owners.is_opted_in(meta):
         pods.forget(*pod_key)
         seen.pop(pod_key, None)
-        warned: set[tuple[str, str]] = memo.warned
+        warned = memo.warned
         warned.difference_update({w for w in warned if w[0] == str(meta.get("uid", ""))})
         return
     _warn_once(body, memo.warned)
     api: kube.Kube = memo.kube
-    known: set[tuple[str, str]] = memo.trainingjobs
+    known = memo.trainingjobs
     namespace = ids.Namespace(str(meta.get("namespace", "")))
     pod_status = body.get("status") or {}
     place = jobs.PodPlace(
@@ -146,8 +134,7 @@ async def opted_in_pod(
     pods.note((namespace, name), place)
     # kopf handles pods concurrently: the pods of one workload wait for each other here, so the
     # TrainingJob is created once instead of once plus a 409 per pod.
-    locks: dict[tuple[str, str], asyncio.Lock] = memo.locks
-    async with locks.setdefault((namespace, name), asyncio.Lock()):
+    async with memo.locks.setdefault((namespace, name), asyncio.Lock()):
         await _ensure_trainingjob(
             api, known=known, owner=owner, namespace=namespace, meta=meta, logger=logger
         )

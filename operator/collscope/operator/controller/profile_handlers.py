@@ -24,7 +24,7 @@ where the function is the question), ``diagnosis_handlers`` sets the annotation 
 The Diagnosis carries the label ``collscope.dev/profile`` so that ``diagnosis_handlers`` leaves
 it alone (it is analysed here, from profiles, not from a window of records) and it is never
 remediated: a Python function on one rank is no node's fault. What is pending is kept in
-``memo.profiles`` (an operator restart during the window loses it; the annotation is then
+``OperatorState.profiles`` (an operator restart during the window loses it; the annotation is then
 handled already and a new value starts again).
 """
 
@@ -44,6 +44,7 @@ from collscope.operator import errors
 from collscope.operator.analysis import diagnosis
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller import profiling, trigger_loop
+from collscope.operator.controller.state import OperatorState
 from collscope.operator.domain import jobs, status
 
 ANNOTATION = "collscope.dev/profile"
@@ -84,14 +85,14 @@ async def on_annotation(
     namespace: str | None,
     new: Any,
     meta: kopf.Meta,
-    memo: kopf.Memo,
+    memo: OperatorState,
     logger: Logger,
     **_: Any,
 ) -> None:
     if not new or str(new).strip().lower() == "off":
         return
     key: jobs.JobKey = (namespace or "", name)
-    profiles: dict[jobs.JobKey, Pending] = memo.setdefault("profiles", {})
+    profiles = memo.profiles
     p = profiles.get(key)
     if p is None or p.value != str(new):
         p = await start(memo, key, str(new))
@@ -139,21 +140,20 @@ async def request(
     return True
 
 
-async def start(memo: kopf.Memo, key: jobs.JobKey, value: str) -> Pending:
+async def start(state: OperatorState, key: jobs.JobKey, value: str) -> Pending:
     """Find the job's ranks and arm them; TemporaryError when there is nothing to arm yet."""
-    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
-    rt = runtimes.setdefault(key, jobs.JobRuntime())
+    rt = state.jobs.setdefault(key, jobs.JobRuntime())
     failed: list[agents.Unreachable] = []
     if not rt.ranks:
-        failed += await trigger_loop.discover(memo, key, rt, time.monotonic())
+        failed += await trigger_loop.discover(state, key, rt, time.monotonic())
     if not rt.ranks:
         raise kopf.TemporaryError(f"profiling: no ranks of TrainingJob {key[1]} found yet", delay=5)
-    clients = trigger_loop.clients_of(memo, key)
+    clients = trigger_loop.clients_of(state, key)
     req_id = profiling.request_id(key[1], time.time_ns())
     by_node = jobs.by_node(rt.ranks, rt.ranks)
     armed, more = await profiling.arm(clients, by_node, req_id, window_s=profiling.WINDOW_S)
     failed += more
-    trigger_loop.note_failures(memo, failed)
+    trigger_loop.note_failures(state, failed)
     if not armed:
         why = "; ".join(f"{f.node}: {f.reason}" for f in failed) or "no agent"
         raise kopf.TemporaryError(f"profiling: no agent armed ({why})", delay=10)

@@ -2,13 +2,16 @@
 Mycroft §4.3).
 
 A ``kopf.timer`` on trainingjobs runs every ``settings.trigger.interval_s`` (1 s by default; a
-job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rarer). One tick:
+job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rarer). Steps 1-4
+are ``step``, free of kopf, which the one-box (``onebox/watch.py``) runs too; ``tick``, the
+handler, runs it and then steps 5 and 6. One tick:
 
-1. the job's pods and nodes come from ``memo.pods`` (noted by ``handlers.opted_in_pod``);
+1. the job's pods and nodes come from ``OperatorState.pods`` (noted by
+   ``handlers.opted_in_pod``);
 2. when they changed (or a pod has no rank yet), each node's agent is asked ``/v1/ranks`` and
    the rings of the job's pods give rank -> node (``jobs.rank_placement``); agents are found
-   through ``memo.directory`` (``jobs.AgentDirectory``: a URL template over node name and host
-   IP by default);
+   through ``OperatorState.directory`` (``jobs.AgentDirectory``: a URL template over node name
+   and host IP by default);
    at the same time one empty-range window of every rank brings its ``comm`` records, from
    which the groups are inferred (``groups.infer``) unless ``spec.parallelism`` declares them;
 3. the sample (``spec.diagnosis.sampling.maxRanks``, default 10; >= 1 per DP group, spread
@@ -18,8 +21,8 @@ job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rar
 4. the last ``window_s`` of the watched ranks' records (``join_history_s`` on a tick where a
    rank joins, so that it brings its history) are pulled from their agents in parallel
    (``agents.pull_window``), numbered like the previous ticks' (``numbering``) and fed to the
-   job's ``analysis.trigger.TriggerState`` (kept in ``memo.jobs``), which runs Mycroft
-   Algorithm 1;
+   job's ``analysis.trigger.TriggerState`` (kept in ``OperatorState.jobs``), which runs
+   Mycroft Algorithm 1; a trigger is given its incident (below);
 5. on a trigger, a Diagnosis named after the incident is created (409 = already open: one per
    job and incident; a slowdown's incident is an episode of its communicator, so a second
    slowdown there after the first one ended opens a new one); ``diagnosis_handlers``
@@ -33,6 +36,7 @@ job's ``spec.diagnosis.trigger.intervalSeconds`` can only make its own ticks rar
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -41,14 +45,15 @@ from typing import Any, cast
 
 import kopf
 
+from collscope.nodeagent.bundle import tables
 from collscope.operator import errors
 from collscope.operator.analysis import trigger
 from collscope.operator.clients import agents, kube
+from collscope.operator.controller.state import OperatorState
 from collscope.operator.domain import (
     groups,
     ids,
     jobs,
-    metrics,
     owners,
     resources,
     retention,
@@ -75,74 +80,52 @@ def register(registry: kopf.OperatorRegistry, config: settings.Settings) -> None
     )(forget)
 
 
-async def forget(*, name: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
-    """A deleted TrainingJob's trigger state goes (no finalizer of its own: ``optional``)."""
-    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
-    runtimes.pop((namespace or "", name), None)
+async def forget(*, name: str, namespace: str | None, memo: OperatorState, **_: Any) -> None:
+    """A deleted TrainingJob's trigger state and pending profiling go (no finalizer of its own:
+    ``optional``)."""
+    memo.jobs.pop((namespace or "", name), None)
+    memo.profiles.pop((namespace or "", name), None)
 
 
-def add_to_memo(
-    memo: kopf.Memo,
-    *,
-    config: settings.Settings,
-    directory: jobs.AgentDirectory,
-    meters: metrics.OperatorMetrics,
-) -> kopf.Memo:
-    """Add what the trigger loop and the Diagnosis handlers share to ``handlers.memo_for``'s."""
-    memo.settings = config
-    memo.directory = directory
-    memo.metrics = meters
-    memo.jobs = {}
-    memo.clients = {}
-    memo.diagnoses_seen = set()
-    return memo
-
-
-def client_for(memo: kopf.Memo, node: str, host_ip: str) -> agents.AgentClient | None:
+def client_for(state: OperatorState, node: str, host_ip: str) -> agents.AgentClient | None:
     """The (cached) client of a node's agent; None when the directory does not know it."""
-    directory: jobs.AgentDirectory = memo.directory
-    url = directory(node, host_ip)
+    url = state.directory(node, host_ip)
     if url is None:
         return None
-    cache: dict[tuple[str, str], agents.AgentClient] = memo.clients
-    client = cache.get((node, url))
+    client = state.clients.get((node, url))
     if client is None:
-        cfg: settings.Settings = memo.settings
-        client = agents.AgentClient(node, url, access=cfg.agents)
-        cache[(node, url)] = client
+        client = agents.AgentClient(node, url, access=state.settings.agents)
+        state.clients[(node, url)] = client
     return client
 
 
-async def close_clients(memo: kopf.Memo, **_: Any) -> None:
-    cache: dict[tuple[str, str], agents.AgentClient] = memo.clients
-    for client in cache.values():
+async def close_clients(memo: OperatorState, **_: Any) -> None:
+    for client in memo.clients.values():
         await client.aclose()
-    cache.clear()
+    memo.clients.clear()
 
 
-def clients_of(memo: kopf.Memo, key: jobs.JobKey) -> dict[str, agents.AgentClient]:
-    pods: jobs.Pods = memo.pods
+def clients_of(state: OperatorState, key: jobs.JobKey) -> dict[str, agents.AgentClient]:
     out = {}
-    for node, ip in pods.nodes(key).items():
-        c = client_for(memo, node, ip)
+    for node, ip in state.pods.nodes(key).items():
+        c = client_for(state, node, ip)
         if c is not None:
             out[node] = c
     return out
 
 
-def note_failures(memo: kopf.Memo, failed: list[agents.Unreachable]) -> None:
-    meters: metrics.OperatorMetrics = memo.metrics
+def note_failures(state: OperatorState, failed: list[agents.Unreachable]) -> None:
     for f in failed:
-        meters.agent_errors.labels(node=f.node).inc()
+        state.metrics.agent_errors.labels(node=f.node).inc()
 
 
 async def discover(
-    memo: kopf.Memo, key: jobs.JobKey, rt: jobs.JobRuntime, now_s: float
+    state: OperatorState, key: jobs.JobKey, rt: jobs.JobRuntime, now_s: float
 ) -> list[agents.Unreachable]:
     """Rank -> node, GPU and NIC of the job from its nodes' agents (``/v1/ranks``)."""
-    pods: jobs.Pods = memo.pods
+    pods = state.pods
     places = dict(pods.by_job.get(key, {}))
-    clients = clients_of(memo, key)
+    clients = clients_of(state, key)
     nodes = pods.nodes(key)
     answers, failed = await agents.gather({n: c.ranks() for n, c in clients.items()})
     failed += [
@@ -184,6 +167,74 @@ def job_groups(spec: Mapping[str, Any], rt: jobs.JobRuntime) -> groups.JobGroups
     return rt.groups
 
 
+@dataclasses.dataclass
+class TickResult:
+    """What ``step`` saw at one tick of a job: the groups and the ranks watched, the window
+    pulled from them (numbered; None when none was pulled), the trigger and its incident (None:
+    none), the health it gives and the agents that failed. ``error``: the pull failed as a whole
+    (nothing was fed to the trigger; the job is discovered again on the next tick)."""
+
+    groups: groups.JobGroups
+    sample: tuple[ids.Rank, ...]
+    unreachable: list[agents.Unreachable]
+    bundle: tables.Bundle | None = None
+    hit: trigger.TriggerResult | None = None
+    incident: str | None = None
+    health: status.Health = "Unknown"
+    error: errors.CollscopeError | None = None
+
+
+async def step(
+    state: OperatorState, key: jobs.JobKey, spec: Mapping[str, Any], *, now_s: float
+) -> TickResult:
+    """Steps 1-4 of a tick of the TrainingJob ``key`` (module docstring): discovery when due,
+    the sample, the window of the watched ranks and the trigger, in ``state.jobs[key]``."""
+    cfg = state.settings
+    rt = state.jobs.setdefault(key, jobs.JobRuntime())
+    unreachable: list[agents.Unreachable] = []
+    if rt.needs_discovery(state.pods.by_job.get(key, {}), now_s, cfg.trigger.rediscover_s):
+        unreachable += await discover(state, key, rt, now_s)
+    analysis = jobs.analysis_settings(resources.TrainingJobSpec.parse(spec))
+    max_ranks = int(((spec.get("diagnosis") or {}).get("sampling") or {}).get("maxRanks", 0))
+    rt.set_max_ranks(max_ranks or sampling.DEFAULT_MAX_RANKS)
+    chosen_groups = job_groups(spec, rt)
+    sample = rt.resample(analysis.trigger, chosen_groups)
+    out = TickResult(chosen_groups, sample, unreachable)
+    if not sample or rt.state is None:
+        return out
+    t_ns = time.time_ns()
+    joins = not set(sample) <= set(rt.state.sampled.tolist())
+    back_s = max(cfg.trigger.window_s, cfg.trigger.join_history_s if joins else 0.0)
+    try:
+        bundle, failed = await agents.pull_window(
+            clients_of(state, key),
+            jobs.by_node(sample, rt.ranks),
+            jobs.bundle_job(key[1], rt.ranks),
+            since_ns=t_ns - int(back_s * NS),
+            until_ns=t_ns,
+            workloads=jobs.workloads_by_node(rt.ranks),
+        )
+    except errors.CollscopeError as e:  # e.g. a rank beyond the world size seen so far
+        rt.pods_seen = frozenset()  # discover again on the next tick
+        out.error = e
+        return out
+    unreachable += failed
+    if len(failed) < len(jobs.by_node(sample, rt.ranks)):
+        out.bundle = bundle = rt.numbering.apply(bundle)
+        rt.state.watch(tuple(int(r) for r in sample), bundle)
+        out.hit = hit = rt.state.update(bundle, t_ns)
+        out.health = "Healthy" if hit is None else ("Hung" if hit.kind == "hang" else "Slow")
+        if hit is not None:  # before ``advance``: a slowdown's episode counts the ticks run
+            comm = None if hit.comm is None else bundle.comm_id(hit.comm)
+            if hit.kind == "slow":
+                quiet = rt.quiet_ticks(cfg.trigger.episode_quiet_ticks)
+                out.incident = rt.slow_incident(comm, hit, quiet)
+            else:
+                out.incident = jobs.incident_of(hit, comm)
+        rt.advance()
+    return out
+
+
 async def tick(
     *,
     name: str,
@@ -194,70 +245,37 @@ async def tick(
     status: kopf.Status,
     meta: kopf.Meta,
     patch: kopf.Patch,
-    memo: kopf.Memo,
+    memo: OperatorState,
     logger: Logger,
     **_: Any,
 ) -> None:
-    cfg: settings.Settings = memo.settings
-    meters: metrics.OperatorMetrics = memo.metrics
+    cfg = memo.settings
     namespace = namespace or ""
     key = (namespace, name)
-    runtimes: dict[jobs.JobKey, jobs.JobRuntime] = memo.jobs
-    rt = runtimes.setdefault(key, jobs.JobRuntime())
+    rt = memo.jobs.setdefault(key, jobs.JobRuntime())
     every_s = float(((spec.get("diagnosis") or {}).get("trigger") or {}).get("intervalSeconds", 0))
     now_s = time.monotonic()
     if now_s - rt.last_tick_s < max(every_s, cfg.trigger.interval_s) * 0.9:
         return
     rt.last_tick_s = now_s
-    meters.ticks.inc()
-    pods: jobs.Pods = memo.pods
-    unreachable: list[agents.Unreachable] = []
-    if rt.needs_discovery(pods.by_job.get(key, {}), now_s, cfg.trigger.rediscover_s):
-        unreachable += await discover(memo, key, rt, now_s)
-    analysis = jobs.analysis_settings(resources.TrainingJobSpec.parse(spec))
-    max_ranks = int(((spec.get("diagnosis") or {}).get("sampling") or {}).get("maxRanks", 0))
-    rt.set_max_ranks(max_ranks or sampling.DEFAULT_MAX_RANKS)
-    chosen_groups = job_groups(spec, rt)
-    sample = rt.resample(analysis.trigger, chosen_groups)
-    hit: trigger.TriggerResult | None = None
-    health: status_mod.Health = "Unknown"
+    memo.metrics.ticks.inc()
+    got = await step(memo, key, spec, now_s=now_s)
+    if got.error is not None:
+        logger.warning("trigger tick of %s/%s: %s", namespace, name, got.error)
+        return
     last_trigger: dict[str, Any] | None = None
-    if sample and rt.state is not None:
-        t_ns = time.time_ns()
-        joins = not set(sample) <= set(rt.state.sampled.tolist())
-        back_s = max(cfg.trigger.window_s, cfg.trigger.join_history_s if joins else 0.0)
-        try:
-            bundle, failed = await agents.pull_window(
-                clients_of(memo, key),
-                jobs.by_node(sample, rt.ranks),
-                jobs.bundle_job(name, rt.ranks),
-                since_ns=t_ns - int(back_s * NS),
-                until_ns=t_ns,
-                workloads=jobs.workloads_by_node(rt.ranks),
-            )
-        except errors.CollscopeError as e:  # e.g. a rank beyond the world size seen so far
-            logger.warning("trigger tick of %s/%s: %s", namespace, name, e)
-            rt.pods_seen = frozenset()  # discover again on the next tick
-            return
-        unreachable += failed
-        if len(failed) < len(jobs.by_node(sample, rt.ranks)):
-            bundle = rt.numbering.apply(bundle)
-            rt.state.watch(tuple(int(r) for r in sample), bundle)
-            hit = rt.state.update(bundle, t_ns)
-            health = "Healthy" if hit is None else ("Hung" if hit.kind == "hang" else "Slow")
-            if hit is not None:
-                comm = None if hit.comm is None else bundle.comm_id(hit.comm)
-                last_trigger = await _open_incident(
-                    memo, rt=rt, namespace=namespace, name=name, uid=uid, hit=hit, comm=comm,
-                    cfg=cfg, logger=logger, body=body,
-                    tick_s=max(every_s, cfg.trigger.interval_s),
-                )  # fmt: skip
-            rt.advance()
-    note_failures(memo, unreachable)
+    if got.hit is not None and got.incident is not None:
+        last_trigger = await _open_incident(
+            memo, rt=rt, namespace=namespace, name=name, uid=uid, hit=got.hit,
+            incident=got.incident, cfg=cfg, logger=logger, body=body,
+            tick_s=max(every_s, cfg.trigger.interval_s),
+        )  # fmt: skip
+    note_failures(memo, got.unreachable)
     now = datetime.datetime.now(datetime.UTC)
     new = _job_status(
-        rt, current=status, meta=meta, health=health, hit=hit, unreachable=unreachable, now=now,
-        job_groups=chosen_groups if rt.ranks else None, last_trigger=last_trigger,
+        rt, current=status, meta=meta, health=got.health, hit=got.hit,
+        unreachable=got.unreachable, now=now,
+        job_groups=got.groups if rt.ranks else None, last_trigger=last_trigger,
     )  # fmt: skip
     if last_trigger is not None:
         new["lastTrigger"] = last_trigger
@@ -266,24 +284,20 @@ async def tick(
 
 
 async def _open_incident(
-    memo: kopf.Memo,
+    state: OperatorState,
     *,
     rt: jobs.JobRuntime,
     namespace: str,
     name: str,
     uid: str | None,
     hit: trigger.TriggerResult,
-    comm: str | None,
+    incident: str,
     cfg: settings.Settings,
     logger: Logger,
     body: kopf.Body,
     tick_s: float,
 ) -> dict[str, Any] | None:
     """Create the incident's Diagnosis once; the ``lastTrigger`` status entry when new."""
-    if hit.kind == "slow":
-        incident = rt.slow_incident(comm, hit, rt.quiet_ticks(cfg.trigger.episode_quiet_ticks))
-    else:
-        incident = jobs.incident_of(hit, comm)
     diag = jobs.diagnosis_name(name, incident)
     if diag in rt.incidents:
         return None
@@ -293,17 +307,15 @@ async def _open_incident(
         detected_at=status.timestamp(detected),
         window_s=rt.diagnosis_window_s(cfg.diagnosis_window_s, tick_s),
     )  # fmt: skip
-    api: kube.Cluster = memo.kube
     try:
-        created = await api.create_diagnosis(doc)
+        created = await state.kube.create_diagnosis(doc)
     except errors.KubeError as e:
         logger.warning("cannot create Diagnosis %s: %s", diag, e)
         return None
     rt.incidents.add(diag)
     rt.watched_when[diag] = rt.sample  # the replay of its analysis watches the same ranks
     if created:
-        meters: metrics.OperatorMetrics = memo.metrics
-        meters.triggers.labels(kind=hit.kind, namespace=namespace, trainingjob=name).inc()
+        state.metrics.triggers.labels(kind=hit.kind, namespace=namespace, trainingjob=name).inc()
         logger.info("trigger (%s): %s -> Diagnosis %s", hit.kind, hit.reason, diag)
         text = f"{hit.kind}: {hit.reason}; Diagnosis {diag}"
         kopf.warn(body, reason="Triggered", message=text)
@@ -311,16 +323,15 @@ async def _open_incident(
         if workload is not None:  # also where the job's owner looks
             target = kopf.Body(cast(kopf.RawBody, workload))  # kopf reads only the reference
             kopf.warn(target, reason="Triggered", message=f"TrainingJob {name}: {text}"[:1000])
-        await retain(memo, namespace, name, logger)
+        await retain(state, namespace, name, logger)
     return {"time": status.timestamp(detected), "trigger": hit.kind, "diagnosis": diag,
             "message": hit.reason[:1024]}  # fmt: skip
 
 
-async def retain(memo: kopf.Memo, namespace: str, job: str, logger: Logger) -> list[str]:
+async def retain(state: OperatorState, namespace: str, job: str, logger: Logger) -> list[str]:
     """Retention after a new Diagnosis of ``job`` (the rule: ``retention``); the names deleted.
     The API unreachable or refusing: logged, tried again at the next Diagnosis."""
-    cfg: settings.Settings = memo.settings
-    api: kube.Cluster = memo.kube
+    cfg, api = state.settings, state.kube
     gone: list[str] = []
     try:
         listed = [resources.Diagnosis.parse(o) for o in await api.list_diagnoses(namespace)]

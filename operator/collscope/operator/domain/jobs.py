@@ -206,7 +206,7 @@ NO_GROUPS = groups.JobGroups("inferred", (), (), (), ())
 
 @dataclass
 class JobRuntime:
-    """One TrainingJob's trigger state; lives in ``memo.jobs`` while the operator runs."""
+    """One TrainingJob's trigger state; lives in ``OperatorState.jobs`` while the operator runs."""
 
     pods_seen: frozenset[PodPlace] = frozenset()
     ranks: dict[ids.Rank, RankPlace] = field(default_factory=dict)

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import kopf
-
-from collscope.nodeagent.bundle import tables, writer
+from collscope.nodeagent.bundle import writer
 from collscope.operator.analysis import diagnosis
+from collscope.operator.controller import trigger_loop
+from collscope.operator.controller.state import OperatorState
 from collscope.operator.domain import report, settings
 from collscope.operator.onebox import box, faults, htmlreport, watch
 from collscope.operator.simulator import truth
@@ -83,39 +83,16 @@ def run(
     layout = layout or box.Layout(job="demo")
     out = out or pathlib.Path(tempfile.mkdtemp(prefix="collscope-demo-")) / "bundle"
     writer.check_target(out)  # before the run, not after it
-    root = pathlib.Path(tempfile.mkdtemp(prefix="collscope-onebox-"))
     what = "no fault (a healthy run)" if fault == "none" else f"injecting '{fault}'"
     say(
         f"collscope demo (seed {seed}): job '{layout.job}', {layout.world} ranks on "
         f"{layout.nodes} simulated nodes, real plugin ({plugin}), real node agents; "
         f"{what} after {healthy_s:g} s of training ..."
     )
-    try:
-        with box.OneBox(layout, root, plugin, seed=seed) as b:
-            inj = None
-            if fault != "none":
-                inj = faults.choose(
-                    fault, seed=seed, ranks_by_node=layout.ranks_by_node(), onset_s=0.0
-                )
-            b.start(inj)
-            onset = time.time() + healthy_s
-            b.arm(onset)
-            if inj is not None:
-                inj = dataclasses.replace(inj, onset_s=onset)
-            urls = {n: b.agent_url(n) for n in layout.node_names()}
-            say(
-                "  ranks up in "
-                f"{time.perf_counter() - t_start:.1f} s; agents: "
-                + ", ".join(f"{n} {u}" for n, u in urls.items())
-            )
-            memo = watch.memo_for(layout, urls, b.uids, settings.Settings())
-            outcome = asyncio.run(
-                watch.watch(memo, layout, duration_s=healthy_s + detect_s, on_tick=_ticker(say))
-            )
-            if outcome.bundle is None:
-                outcome.bundle = asyncio.run(_window(memo, layout))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    outcome, inj, onset = _observe(
+        fault, layout, seed=seed, plugin=plugin, healthy_s=healthy_s, detect_s=detect_s, say=say,
+        t_start=t_start,
+    )  # fmt: skip
     t = _truth(fault, inj, seed)
     elapsed = time.perf_counter() - t_start
     diag = outcome.result
@@ -151,19 +128,13 @@ def run(
         encoding="utf-8",
     )
     ok = verdict(diag, t)
-    latency = ""
-    if diag is not None and diag.detected_at is not None and t.onset is not None:
-        latency = f", detected {(diag.detected_at - t.onset) / 1e9:.2f} s after onset"
     say("")
     say(wide)
     say("")
     say(summary)
     say("")
     say(f"injected: {injected}")
-    judged = (
-        "no Diagnosis on a healthy run" if inj is None else f"top culprit and category{latency}"
-    )
-    say(f"verdict:  {'CORRECT' if ok else 'MISMATCH'} ({judged})")
+    _say_verdict(say, ok, diag, t, inj is None)
     if outcome.analysed_in_s:
         say(f"analysed in {outcome.analysed_in_s:.1f} s; whole demo {elapsed:.1f} s")
     if path is not None:
@@ -172,10 +143,71 @@ def run(
     return DemoResult(EXIT_OK if ok else EXIT_MISMATCH, outcome, t, path, html_path, elapsed)
 
 
-async def _window(memo: kopf.Memo, layout: box.Layout) -> tables.Bundle | None:
-    if not memo.jobs:
-        return None
-    return await watch.window(memo, layout, settings.Settings().diagnosis_window_s)
+def _observe(
+    fault: str,
+    layout: box.Layout,
+    *,
+    seed: int,
+    plugin: pathlib.Path,
+    healthy_s: float,
+    detect_s: float,
+    say: Callable[[str], None],
+    t_start: float,
+) -> tuple[watch.Outcome, faults.Injection | None, float]:
+    """Steps 1-3 (module docstring): what the operator's watch saw, the fault injected (None:
+    none) and its onset (unix seconds); ``t_start``: when the demo started (perf_counter)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix="collscope-onebox-"))
+    try:
+        with box.OneBox(layout, root, plugin, seed=seed) as b:
+            inj = None
+            if fault != "none":
+                inj = faults.choose(
+                    fault, seed=seed, ranks_by_node=layout.ranks_by_node(), onset_s=0.0
+                )
+            b.start(inj)
+            onset = time.time() + healthy_s
+            b.arm(onset)
+            if inj is not None:
+                inj = dataclasses.replace(inj, onset_s=onset)
+            urls = {n: b.agent_url(n) for n in layout.node_names()}
+            say(
+                "  ranks up in "
+                f"{time.perf_counter() - t_start:.1f} s; agents: "
+                + ", ".join(f"{n} {u}" for n, u in urls.items())
+            )
+            state = watch.operator_state(layout, urls, b.uids, settings.Settings())
+            outcome = asyncio.run(_watch(state, layout, healthy_s + detect_s, say))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return outcome, inj, onset
+
+
+def _say_verdict(
+    say: Callable[[str], None],
+    ok: bool,
+    diag: diagnosis.Diagnosis | None,
+    t: truth.Truth,
+    healthy: bool,
+) -> None:
+    latency = ""
+    if diag is not None and diag.detected_at is not None and t.onset is not None:
+        latency = f", detected {(diag.detected_at - t.onset) / 1e9:.2f} s after onset"
+    judged = "no Diagnosis on a healthy run" if healthy else f"top culprit and category{latency}"
+    say(f"verdict:  {'CORRECT' if ok else 'MISMATCH'} ({judged})")
+
+
+async def _watch(
+    state: OperatorState, layout: box.Layout, duration_s: float, say: Callable[[str], None]
+) -> watch.Outcome:
+    """The watch, then (no trigger) the window for the report, in one event loop: the agents'
+    clients are the state's, bound to it, and closed at the end."""
+    try:
+        outcome = await watch.watch(state, layout, duration_s=duration_s, on_tick=_ticker(say))
+        if outcome.bundle is None and state.jobs:
+            outcome.bundle = await watch.window(state, layout, state.settings.diagnosis_window_s)
+    finally:
+        await trigger_loop.close_clients(state)
+    return outcome
 
 
 def _ticker(say: Callable[[str], None]) -> Callable[[int, str], None]:

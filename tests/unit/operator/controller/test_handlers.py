@@ -25,6 +25,8 @@ import kubernetes  # noqa: E402
 
 from collscope.operator.clients import kube  # noqa: E402
 from collscope.operator.controller import handlers  # noqa: E402
+from collscope.operator.controller.state import OperatorState  # noqa: E402
+from collscope.operator.domain import settings as collscope_settings  # noqa: E402
 
 NS = "ml"
 TJ = "collscope.dev/v1alpha1/trainingjobs"
@@ -59,7 +61,7 @@ OPT_IN = {"collscope.dev/diagnose": "true"}
 
 
 @contextlib.asynccontextmanager
-async def operator(emulator: Any) -> AsyncIterator[kopf.Memo]:
+async def operator(emulator: Any) -> AsyncIterator[OperatorState]:
     registry = kopf.OperatorRegistry()
     handlers.register(registry)
 
@@ -71,9 +73,9 @@ async def operator(emulator: Any) -> AsyncIterator[kopf.Memo]:
     settings.peering.standalone = True
     settings.posting.enabled = False
     client = kubernetes.client.Configuration(host=str(emulator.url).rstrip("/"))
-    api = kube.Kube(kubernetes.client.ApiClient(client))
+    api = kube.Cluster(kubernetes.client.ApiClient(client))
     stop = asyncio.Event()
-    memo = handlers.memo_for(api)
+    memo = OperatorState.create(api, collscope_settings.Settings(), lambda n, ip: None)
     task = asyncio.create_task(
         kopf.operator(
             registry=registry,

@@ -360,10 +360,12 @@ async def test_flight_recorder_gaps_are_notes(job: Job) -> None:
     between analysis and collection): node-a answers with rank 1 lacking a debug pipe, node-b's
     agent has no Flight Recorder capability (503), node-c's agent does not answer, node-d has
     no agent URL. Every asked rank is accounted for; nothing raises."""
-    import kopf
+    from typing import cast
 
     from collscope.operator.analysis import diagnosis
+    from collscope.operator.clients import kube
     from collscope.operator.controller import evidence
+    from collscope.operator.controller.state import OperatorState
     from collscope.operator.domain import ids, jobs
 
     job.no_fr.add(1)
@@ -375,10 +377,11 @@ async def test_flight_recorder_gaps_are_notes(job: Job) -> None:
     for r, node in enumerate(["node-a", "node-a", "node-b", "node-b", "node-c", "node-d"]):
         pods.note(key, jobs.PodPlace(f"llama-{r}", f"uid-{r}", node, "127.0.0.1"))
         rt.ranks[ids.Rank(r)] = jobs.RankPlace(ids.Rank(r), ids.NodeName(node), f"llama-{r}", "")
-    memo = kopf.Memo(settings=FAST, jobs={key: rt}, pods=pods, directory=directory(urls))
+    state = OperatorState.create(cast(kube.Cluster, None), FAST, directory(urls))
+    state.jobs[key], state.pods = rt, pods
     result = diagnosis.Diagnosis(anomaly=True, trigger="hang")
     fr = await evidence.collect_flight_recorder(
-        memo, "ml", job=JOB, spec={"trigger": "hang"}, result=result, logger=logging.getLogger()
+        state, "ml", job=JOB, spec={"trigger": "hang"}, result=result, logger=logging.getLogger()
     )
     assert fr is not None
     assert fr["summary"] == "rank 0: entered AllReduce seq 6"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, cast
 
-import kopf
-
+from collscope.operator.clients import kube
 from collscope.operator.controller import trigger_loop
+from collscope.operator.controller.state import OperatorState
 from collscope.operator.domain import remediation, resources, retention, settings
 
 
@@ -71,6 +71,6 @@ def test_retain_deletes_beyond_n_but_not_the_record_of_a_held_node() -> None:
     objs += [diag(i, node="n1", action="held") for i in range(2, 6)]
     api = FakeApi(objs, {"n1": marked})
     cfg = dataclasses.replace(settings.Settings(), diagnosis_retention=3)
-    memo = kopf.Memo(settings=cfg, kube=api)
-    gone = asyncio.run(trigger_loop.retain(memo, "ml", "j", logging.getLogger("test")))
+    state = OperatorState.create(cast(kube.Cluster, api), cfg, lambda n, ip: None)
+    gone = asyncio.run(trigger_loop.retain(state, "ml", "j", logging.getLogger("test")))
     assert gone == api.deleted == ["j-00", "j-02"]  # j-01 is why n1 is cordoned
