@@ -2,8 +2,9 @@
 
 Three baselines, each from a paper:
 
-- stall threshold per communicator (hang trigger): ``max(floor, k * p99)`` of its recent
-  operation durations. CCL-D §4.2.1 sets the hang threshold "considering such long operations"
+- stall threshold per communicator (hang trigger): ``max(floor + p99, k * p99)`` of its
+  recent operation durations (the floor derived in ``trigger.TriggerSettings``). CCL-D
+  §4.2.1 sets the hang threshold "considering such long operations"
   (checkpoints, synchronisation); learning it per communicator keeps a legitimately long
   pipeline receive or checkpoint barrier from looking like a hang, and the floor keeps short
   jobs from hair-trigger alarms.
@@ -131,11 +132,17 @@ class Baselines:
         kb.round_max.clear()
 
     # -- queries --------------------------------------------------------------------------------
-    def stall_threshold_ns(self, comm: int, *, floor_ns: int, k: float) -> int:
+    def stall_threshold_ns(
+        self, comm: int, *, floor_ns: int, k: float, add_p99: bool = False
+    ) -> int:
+        """``max(floor, k * p99)`` of the communicator's recent durations, or
+        ``max(floor + p99, k * p99)`` with ``add_p99`` (the floor is then a delay on top of
+        the longest usual duration, see ``trigger.TriggerSettings.proxy_hiccup_s``)."""
         d = self._durations.get(comm)
         if not d:
             return floor_ns
-        return max(floor_ns, int(k * float(np.percentile(np.fromiter(d, dtype=np.int64), 99))))
+        p99 = float(np.percentile(np.fromiter(d, dtype=np.int64), 99))
+        return max(floor_ns + (int(p99) if add_p99 else 0), int(k * p99))
 
     def durations_seen(self, comm: int) -> int:
         """How many recent durations of the communicator are known (up to ``history``)."""

@@ -66,8 +66,21 @@ class TriggerSettings:
     window_periods: float = 3.0
     state_interval_s: float = 0.1  # agent sampling period, used when the bundle cannot tell
     state_max_age_intervals: float = 2.0  # a state older than this (and a live rank): not current
-    hang_floor_s: float = 1.5  # stall threshold floor: above a 1 s proxy hiccup (Mycroft #7)
-    hang_k: float = 4.0  # threshold = max(floor, k * p99 of recent durations of the comm)
+    # The stall threshold of a communicator is max(k * p99, floor + p99) of its recent
+    # operation durations (p99 = 0 before any is known). The floor is the longest stall that
+    # is not a hang, as the sampled state can show it: a proxy that sleeps ``proxy_hiccup_s``
+    # and resumes (Mycroft §7.1 fault #7 injects a 1 s sleep in sendProxyProgress; it is a
+    # slowdown, ``slow.host``, caught by the bursty-stall rule below), seen through states at
+    # most ``state_max_age_intervals`` sampling intervals old (a stall that already ended
+    # looks that much longer until the next sample shows progress). A rank waiting on the
+    # sleeping proxy waits its own usual longest duration on top, hence ``+ p99``. The
+    # interval is the one measured in the bundle (``inflight.infer_interval_ns``), so 100 ms
+    # sampling gives 1.2 s and 200 ms 1.4 s. ``hang_floor_s`` set overrides the derived floor
+    # (the TrainingJob's hangFloorSeconds): then the threshold is max(floor, k * p99).
+    hang_floor_s: float | None = None
+    proxy_hiccup_s: float = 1.0
+    hang_k: float = 4.0  # ... k * p99: a communicator's ops last up to 4x its p99 (CCL-D
+    # §4.2.1 sets the threshold "considering such long operations")
     hang_history: int = 512  # durations kept per communicator for that p99
     barrier_max_bytes: int = 4  # AllReduce this small is a barrier (CCL-D §4.2.1)
     throughput_drop: float = 0.5  # Mycroft: "throughput drops by half"
@@ -166,6 +179,14 @@ class TriggerState:
         period = self.base.period_ns() or 0
         return max(int(self.s.window_s * NS), int(self.s.window_periods * period))
 
+    def hang_floor_ns(self) -> tuple[int, bool]:
+        """The hang threshold's floor and whether the communicator's p99 adds to it: the
+        configured ``hang_floor_s`` (not added), else the derived one (see ``proxy_hiccup_s``)."""
+        if self.s.hang_floor_s is not None:
+            return int(self.s.hang_floor_s * NS), False
+        stale = self.s.state_max_age_intervals * self.interval_ns
+        return int(self.s.proxy_hiccup_s * NS + stale), True
+
     def watch(self, sampled: tuple[int, ...], view: tables.Bundle | None = None) -> None:
         """Change the sampled ranks between two ``update`` calls (``rotation``'s moving sample).
 
@@ -216,7 +237,7 @@ class TriggerState:
         self, view: tables.Bundle, now: inflight.InFlight, ops: tables.Table, t_ns: int
     ) -> tuple[TriggerResult | None, bool]:
         s = self.s
-        floor = int(s.hang_floor_s * NS)
+        floor, add_p99 = self.hang_floor_ns()
         allreduce = view.string_index("AllReduce")
         best: tuple[int, int] | None = None  # (at_ns, row)
         hits: list[int] = []
@@ -229,7 +250,9 @@ class TriggerState:
             ):
                 continue
             stall = int(now.stalled_ns[i])
-            thr = self.base.stall_threshold_ns(int(now.comm[i]), floor_ns=floor, k=s.hang_k)
+            thr = self.base.stall_threshold_ns(
+                int(now.comm[i]), floor_ns=floor, k=s.hang_k, add_p99=add_p99
+            )
             # Half way to its own communicator's hang threshold, not to the floor: a pipeline
             # receive that waits a whole forward pass every step (seconds, when steps are
             # long) is in its ordinary durations, and pausing the slow checks on it would

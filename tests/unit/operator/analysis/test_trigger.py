@@ -256,3 +256,25 @@ def test_a_wait_within_its_communicators_usual_durations_does_not_pause_the_slow
         now = inflight.at(bundle, t, interval_ns=100 * MS)
         hit, stalled = state._hang(bundle, now, bundle.ops[bundle.ops["ts"] <= t], t)
         assert hit is None and stalled is paused
+
+
+@pytest.mark.parametrize("interval_ms", [50, 100, 200])
+def test_hang_floor_is_a_proxy_sleep_seen_through_stale_samples(interval_ms: int) -> None:
+    # The longest stall that is not a hang is a proxy that sleeps and resumes (Mycroft §7.1
+    # #7: 1 s). Until the next state sample shows it moving again it looks longer by the age
+    # of the latest sample, at most ``state_max_age_intervals`` intervals: the floor is both.
+    state = trigger.TriggerState((0,), trigger.TriggerSettings(), interval_ns=interval_ms * MS)
+    assert state.hang_floor_ns() == (S + 2 * interval_ms * MS, True)
+    custom = trigger.TriggerSettings(hang_floor_s=3.0)  # a TrainingJob's hangFloorSeconds
+    assert trigger.TriggerState((0,), custom).hang_floor_ns() == (3 * S, False)
+
+
+def test_derived_threshold_adds_the_usual_longest_duration(ring: Ring) -> None:
+    # A rank waiting on a sleeping proxy waits its own longest usual duration on top of the
+    # sleep: the ring's ops take 10 ms, so the threshold is 1 s + 2 x 100 ms + 10 ms.
+    bundle = ring.build("network")
+    state = trigger.TriggerState((0, 1, 2, 3), trigger.TriggerSettings(), interval_ns=100 * MS)
+    thr = S + 200 * MS + 10 * MS
+    assert state.update(bundle, ring.stall_start + thr - 50 * MS) is None
+    hit = state.update(bundle, ring.stall_start + thr + 50 * MS)
+    assert hit is not None and hit.kind == "hang" and hit.at_ns == ring.stall_start + thr
