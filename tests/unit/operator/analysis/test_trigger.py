@@ -16,10 +16,11 @@ from collscope.operator.analysis import inflight, trigger
 
 S = 1_000_000_000
 MS = 1_000_000
+HANG_FLOOR_NS = 1_500_000_000  # the floor these tests set (the default is derived)
 Ring = Any  # conftest.Ring: conftest modules cannot be imported under --import-mode=importlib
 SETTINGS = trigger.TriggerSettings(
     window_s=2.0,
-    hang_floor_s=1.5,
+    hang_floor_s=HANG_FLOOR_NS / S,
     hang_k=4.0,
     barrier_max_bytes=4,
     throughput_drop=0.5,
@@ -55,7 +56,7 @@ def test_ring_hang_fires_once_the_stall_passes_the_threshold(ring: Ring) -> None
     assert hit is not None and hit.kind == "hang"
     assert all(h is None for _, h in ticks[:-1])
     assert hit.since_ns == ring.stall_start
-    assert hit.at_ns == ring.stall_start + int(SETTINGS.hang_floor_s * S)  # 10 ms ops: the floor
+    assert hit.at_ns == ring.stall_start + HANG_FLOOR_NS  # 10 ms ops: the floor
     assert hit.at_ns <= hit.tick_ns == t
     assert hit.comm == bundle.comm_index("0xa") and hit.seq == 30
     assert set(hit.ranks) == {0, 1, 2, 3}
@@ -70,7 +71,7 @@ def test_hang_only_on_the_sampled_ranks(ring: Ring) -> None:
 def test_trigger_never_looks_ahead(ring: Ring) -> None:
     bundle = ring.build("network")
     state = trigger.TriggerState((0, 1, 2, 3), SETTINGS, interval_ns=100 * MS)
-    early = ring.stall_start + int(SETTINGS.hang_floor_s * S) - 50 * MS
+    early = ring.stall_start + HANG_FLOOR_NS - 50 * MS
     # the bundle already holds 3 s of stall, but not before ``early``
     assert state.update(bundle, early) is None
 
