@@ -37,6 +37,24 @@ NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class StragglerSettings:
+    """Thresholds of the slowdown root cause, and where each value comes from (issue 12).
+
+    From a paper: ``alpha``/``beta`` (CCL-D §4.2.2 eq. 4); ``min_late_rounds`` is Mycroft's
+    "constant late starts" (§5.2) read as "more than one"; ``node_share`` follows Mycroft #5/#6
+    (a background load or traffic hits every rank of its node). From the protocol:
+    ``late_factor`` compares a late start with the op's own baseline arrival spread and
+    ``net_slowdown`` a transfer time with its own baseline (scale-free ratios; 3x and 1.5x are
+    rounded choices, not derived). Measured: ``host_stall_s`` (0.3 s) lies between the idle
+    time of healthy flows (at most 0.20 s in eval-dev's fault-free cases) and Mycroft #7's
+    1 s proxy sleep, which then shows in several samples; it assumes sampling near 100 ms.
+    Not derived, picked on collscope's own simulator and kept because eval-dev agrees (20/20
+    with ``bench/accuracy.py --bundles ../shared/eval-dev``): the absolute floors
+    ``late_min_s`` (2 ms) and ``net_min_excess_s`` (1 ms), which only matter for operations
+    whose arrival spread is below them; ``explained_share``, ``min_late_share``,
+    ``slow_path_chunks``, ``slow_path_weight``, ``host_min_samples`` and ``node_score``. Each
+    is a candidate for derivation from the data (sampling interval, measured jitter).
+    """
+
     late_min_s: float = 0.002  # Mycroft's late-start threshold is 1 s in production; ops here ms
     late_factor: float = 3.0  # ... and at least this x the op's baseline arrival spread
     explained_share: float = 0.5  # own extra compute must cover this share of the lateness
