@@ -28,6 +28,10 @@ Input: the window (t - Δ, t] of every rank. Steps:
      communicator through the same NICs, and says when two NICs cannot be told apart. An
      origin without flows (intra-node only) can only be judged from kernel progress: node
      precision, the node's ranks as culprits, least progress first.
+
+Why one module: the four steps above are one algorithm over one set of intermediate facts (the
+stuck ops, each member's entered/elsewhere/missing state, the origin of the walk); the NIC and
+chunk judgements it delegates to already live in ``nics`` and ``chunks``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ Input: the window (since, t] of every rank and the history before it (the baseli
    P says "compute" for a genuinely mixed fault;
 4. when the best evidence covers most ranks of one node alike (``node_share``), the fault is
    the node's: the culprits are its ranks (Mycroft #5 background load, #6 background traffic).
+
+Why one module: the steps weigh each other's evidence (a proxy stall explains late starts, P
+decides between a compute and a network candidate, node share overrides both), so they share
+the per-rank findings built here; the evidence itself is built in ``signals`` and ``rounds``.
 """
 
 from __future__ import annotations

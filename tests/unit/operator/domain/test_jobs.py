@@ -136,7 +136,8 @@ def test_discovery_and_resample_follow_the_pods() -> None:
 
 
 def test_analysis_settings_apply_trigger_overrides() -> None:
-    assert jobs.analysis_settings(resources.TrainingJobSpec()).trigger.hang_floor_s == 1.5
+    # unset: derived from the sampling interval and the comm's p99 (trigger.hang_threshold_s)
+    assert jobs.analysis_settings(resources.TrainingJobSpec()).trigger.hang_floor_s is None
     spec = {"diagnosis": {"trigger": {"hangFloorSeconds": 3, "throughputDrop": 0.25}}}
     got = jobs.analysis_settings(resources.TrainingJobSpec.parse(spec))
     assert got.trigger.hang_floor_s == 3.0 and got.trigger.throughput_drop == 0.25
