@@ -2,8 +2,10 @@
 
 Three baselines, each from a paper:
 
-- stall threshold per communicator (hang trigger): ``max(floor + p99, k * p99)`` of its
-  recent operation durations (the floor derived in ``trigger.TriggerSettings``). CCL-D
+- stall threshold per communicator (hang trigger): ``max(floor + usual stall, k * p99)``,
+  p99 of its recent operation durations, the usual stall the p99 of the longest stall its
+  completed operations showed (durations where nothing shows progress; the floor derived in
+  ``trigger.TriggerSettings``). CCL-D
   §4.2.1 sets the hang threshold "considering such long operations"
   (checkpoints, synchronisation); learning it per communicator keeps a legitimately long
   pipeline receive or checkpoint barrier from looking like a hang, and the floor keeps short
@@ -70,6 +72,9 @@ class Baselines:
         self._base_span_ns = base_span_ns
         self._normal_history = normal_history
         self._durations: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=history))
+        # Per communicator: the longest stall (time without progress, ``inflight``) each
+        # completed operation showed in its state samples, where flows show progress.
+        self._stalls: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=history))
         self._keys: dict[Key, _KeyBase] = {}
         self._throughput: dict[int, deque[float]] = defaultdict(
             lambda: deque(maxlen=normal_history)
@@ -132,17 +137,40 @@ class Baselines:
         kb.round_max.clear()
 
     # -- queries --------------------------------------------------------------------------------
+    def learn_stall(self, comm: int, stall_ns: int) -> None:
+        """Feed the longest stall one completed operation of ``comm`` showed (each op once)."""
+        self._stalls[comm].append(stall_ns)
+
     def stall_threshold_ns(
-        self, comm: int, *, floor_ns: int, k: float, add_p99: bool = False
+        self,
+        comm: int,
+        *,
+        floor_ns: int,
+        k: float,
+        add_p99: bool = False,
+        min_stalls: int = 1,
     ) -> int:
-        """``max(floor, k * p99)`` of the communicator's recent durations, or
-        ``max(floor + p99, k * p99)`` with ``add_p99`` (the floor is then a delay on top of
-        the longest usual duration, see ``trigger.TriggerSettings.proxy_hiccup_s``)."""
+        """``max(floor, k * p99)`` of the communicator's recent durations, or, with
+        ``add_p99``, ``max(floor + usual stall, k * p99)``: the floor is a delay on top of the
+        longest stall the communicator's operations usually show (see
+        ``trigger.TriggerSettings.proxy_hiccup_s``). That usual stall is the p99 of the
+        longest stall of each completed operation (``learn_stall``) once ``min_stalls`` are
+        known, else the p99 of durations: an operation's duration bounds its stalls, and is
+        all that is known where nothing shows progress. A bandwidth-bound operation that
+        moves data all along (eval-dev's 0.3 s DP AllReduce: its stalls stay under 10 ms)
+        lasts far longer than it ever stalls; a pipeline receive waits without progress for
+        its sender, and that wait is its stall."""
         d = self._durations.get(comm)
         if not d:
             return floor_ns
         p99 = float(np.percentile(np.fromiter(d, dtype=np.int64), 99))
-        return max(floor_ns + (int(p99) if add_p99 else 0), int(k * p99))
+        if not add_p99:
+            return max(floor_ns, int(k * p99))
+        st = self._stalls.get(comm)
+        usual = p99
+        if st is not None and len(st) >= min_stalls:
+            usual = float(np.percentile(np.fromiter(st, dtype=np.int64), 99))
+        return max(floor_ns + int(usual), int(k * p99))
 
     def durations_seen(self, comm: int) -> int:
         """How many recent durations of the communicator are known (up to ``history``)."""

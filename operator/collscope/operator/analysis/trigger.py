@@ -57,53 +57,113 @@ NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class TriggerSettings:
-    """Trigger thresholds. Seconds in ``_s`` fields; ratios are plain numbers."""
+    """Trigger thresholds. Seconds in ``_s`` fields; ratios are plain numbers.
 
-    window_s: float = 2.0  # Δ of Algorithm 1: ~10 iterations of a typical job, one pull ...
-    # ... and at least this many iteration periods (baseline.period_ns) of the job at hand:
-    # throughput and op intervals are only comparable over whole steps; three steps keep one
-    # late step from halving the throughput on its own.
+    Each says which quantity it stands for and where its value comes from (issue 12 item 5):
+    a paper, a fact of NCCL's protocol, a measurement (and the bench that made it), or, said
+    as such, a value picked on collscope's own simulator and kept because eval-dev
+    (``bench/accuracy.py --bundles ../shared/eval-dev``) agrees. Durations that must hold
+    iterations scale with the job's measured step (``baseline.period_ns``), and those that
+    must hold state samples with the measured sampling interval
+    (``inflight.infer_interval_ns``); none assumes sub-second steps or 100 ms sampling.
+    """
+
+    # Δ of Algorithm 1 (Mycroft §4.3), the window throughput and op intervals are measured
+    # over. 2 s: one pull of a few steps of the jobs both simulators run (0.2-0.5 s steps);
+    # picked, not derived. It only bounds the window from below: ...
+    window_s: float = 2.0
+    # ... it is at least this many measured steps of the job: throughput and op intervals are
+    # only comparable over whole steps, and three keep one late step from halving the
+    # throughput on its own (a 10 s-step job gets a 30 s window).
     window_periods: float = 3.0
-    state_interval_s: float = 0.1  # agent sampling period, used when the bundle cannot tell
-    state_max_age_intervals: float = 2.0  # a state older than this (and a live rank): not current
-    # The stall threshold of a communicator is max(k * p99, floor + p99) of its recent
-    # operation durations (p99 = 0 before any is known). The floor is the longest stall that
-    # is not a hang, as the sampled state can show it: a proxy that sleeps ``proxy_hiccup_s``
-    # and resumes (Mycroft §7.1 fault #7 injects a 1 s sleep in sendProxyProgress; it is a
-    # slowdown, ``slow.host``, caught by the bursty-stall rule below), seen through states at
-    # most ``state_max_age_intervals`` sampling intervals old (a stall that already ended
-    # looks that much longer until the next sample shows progress). A rank waiting on the
-    # sleeping proxy waits its own usual longest duration on top, hence ``+ p99``. The
-    # interval is the one measured in the bundle (``inflight.infer_interval_ns``), so 100 ms
-    # sampling gives 1.2 s and 200 ms 1.4 s. ``hang_floor_s`` set overrides the derived floor
-    # (the TrainingJob's hangFloorSeconds): then the threshold is max(floor, k * p99).
+    # The agent's sampling period, only where the bundle cannot tell: the interval is measured
+    # (``inflight.infer_interval_ns``, the median gap between states of one operation).
+    state_interval_s: float = 0.1
+    # A state older than this many measured intervals (and a rank that wrote since) is not
+    # current: one late or missed sample is tolerated (per-rank sampling phases), two are not.
+    state_max_age_intervals: float = 2.0
+    # The stall threshold of a communicator is max(k * p99, floor + usual stall): p99 of its
+    # recent operation durations (0 before any is known), usual stall the p99 of the longest
+    # stall each of its completed operations showed (``baseline.stall_threshold_ns``). The
+    # floor is the longest stall that is not a hang, as the sampled state can show it: a
+    # proxy that sleeps ``proxy_hiccup_s`` and resumes (Mycroft §7.1 fault #7 injects a 1 s
+    # sleep in sendProxyProgress; it is a slowdown, ``slow.host``, caught by the bursty-stall
+    # rule below), seen through states at most ``state_max_age_intervals`` sampling intervals
+    # old (a stall that already ended looks that much longer until the next sample shows
+    # progress). A rank waiting on the sleeping proxy also waits as long as its operations
+    # usually stall (a pipeline receive waits for its sender), hence ``+ usual stall``: not
+    # ``+ p99`` of durations, which a bandwidth-bound operation (eval-dev's 0.3 s DP
+    # AllReduce, stalls under 10 ms) spends moving data. The interval is the one measured in
+    # the bundle (``inflight.infer_interval_ns``), so 100 ms sampling gives 1.2 s and 200 ms
+    # 1.4 s. ``hang_floor_s`` set overrides the derived floor (the TrainingJob's
+    # hangFloorSeconds): then the threshold is max(floor, k * p99).
     hang_floor_s: float | None = None
     proxy_hiccup_s: float = 1.0
+    # Completed operations of a communicator whose longest stall is known (their state samples
+    # carried flows) before that stall replaces the duration p99 (an upper bound of it) in
+    # the threshold: as ``episode_min_history``, enough to say what usual is.
+    stall_min_ops: int = 8
     hang_k: float = 4.0  # ... k * p99: a communicator's ops last up to 4x its p99 (CCL-D
-    # §4.2.1 sets the threshold "considering such long operations")
-    hang_history: int = 512  # durations kept per communicator for that p99
+    # §4.2.1 sets the threshold "considering such long operations"; 4 is picked, not CCL-D's)
+    # Durations kept per communicator for that p99: a p99 needs ~100 samples to mean anything,
+    # 512 keep ~5 above it. A count, not a time: a 10 s-step job keeps more history.
+    hang_history: int = 512
     barrier_max_bytes: int = 4  # AllReduce this small is a barrier (CCL-D §4.2.1)
-    throughput_drop: float = 0.5  # Mycroft: "throughput drops by half"
-    interval_growth: float = 2.0  # Mycroft: "Coll Op interval doubles"
-    min_interval_ops: int = 3  # completions of a comm in the window to measure its interval
-    normal_history_ticks: int = 30  # healthy ticks kept for the normal values
-    normal_min_ticks: int = 3  # healthy ticks needed before the Mycroft rules judge
+    throughput_drop: float = 0.5  # Mycroft §4.3: "throughput drops by half"
+    interval_growth: float = 2.0  # Mycroft §4.3: "Coll Op interval doubles"
+    # Completions of a comm in the window to measure its interval: two intervals, so one gap
+    # is compared with another of the same window. Picked.
+    min_interval_ops: int = 3
+    # Healthy ticks kept for the normal throughput and intervals (Algorithm 1 line 9), and
+    # needed before those rules judge. Ticks, whose windows span >= window_periods steps, so
+    # the normals hold whole steps whatever their length. 30 and 3 picked on the own
+    # simulator; eval-dev agrees (0 false alarms).
+    normal_history_ticks: int = 30
+    normal_min_ticks: int = 3
     slow_theta: float = 3.0  # CCL-D θ_slow ("in practice usually close to 3")
-    slow_min_excess_s: float = 0.01  # Tmax - Tbase must also exceed this (jitter of ms ops)
+    # Tmax - Tbase must also exceed this: the jitter of operations that take a millisecond or
+    # less (kernel launch, proxy polling), which is a multiple of themselves; CCL-D's θ
+    # assumes larger operations. An absolute time by nature; 10 ms picked on the own
+    # simulator, kept because eval-dev agrees.
+    slow_min_excess_s: float = 0.01
     base_rounds: int = 100  # CCL-D m_max
     # Tbase averages at least this many rounds: the standard error of a mean of per-round
     # maxima shrinks with sqrt(m); at 10 it is a third of one round's spread (see baseline).
     base_min_rounds: int = 3
-    base_span_s: float = 3.0  # CCL-D: rounds of the first 2 min; a run here lasts seconds
-    repeat_ticks: int = 3  # consecutive slow ticks before firing (CCL-D repetition counter)
-    repeat_rounds: int = 3  # the ratio rule: this many consecutive slow rounds of one key
-    stall_pause_fraction: float = 0.5  # stalled > this x its hang threshold: slow checks pause
-    episode_floor_s: float = 0.5  # a stall this long that then resolves is an episode ...
-    episode_k: float = 4.0  # ... and longer than k x the op's usual longest duration (Tbase)
+    # CCL-D learns Tbase from the rounds of a job's first 2 min; runs here last seconds, so 3 s.
+    # It does not assume short steps: Tbase also waits for base_min_rounds rounds, however
+    # long they take (a 10 s-step job freezes it after three steps).
+    base_span_s: float = 3.0
+    # Consecutive slow ticks before firing (CCL-D's repetition counter), and, for the ratio
+    # rule, consecutive slow rounds of one (comm, op, bytes). A tick's window spans
+    # window_periods steps, so three ticks are three windows of whole steps. Picked (one
+    # jittery round, or one tick, never fires); eval-dev agrees.
+    repeat_ticks: int = 3
+    repeat_rounds: int = 3
+    # An op stalled past this share of its own communicator's hang threshold pauses the slow
+    # checks: the hang rule's business. Relative, so it scales with the threshold. Picked.
+    stall_pause_fraction: float = 0.5
+    # A stall this long that then resolves is an episode (Mycroft §7.1 #7's 1 s proxy sleep
+    # is the event): above the longest stall healthy flows show (0.3 s on the own simulator,
+    # under 10 ms p99 and 0.2 s at most on eval-dev's fault-free cases), and below the 1 s
+    # sleep seen through a sample up to one interval late (0.8 s at 200 ms sampling). Also the
+    # merge distance of stalls several sampled ranks see at once.
+    episode_floor_s: float = 0.5
+    # ... and longer than k x the op's usual longest duration (its Tbase, else the comm's
+    # episode_quantile of durations): as hang_k, an op is not stalled within its own usual
+    # spread. Picked.
+    episode_k: float = 4.0
     episode_quantile: float = 0.9
-    episode_repeat: int = 2  # this many episodes within episode_window_s: slow (bursty)
+    # This many episodes within the episode window: slow (bursty). The window is
+    # episode_window_s (picked on the own simulator: several 1 s sleeps a few seconds apart)
+    # and at least episode_window_periods measured steps, so that a proxy that stalls once
+    # per step is seen twice in it when steps are long (a 10 s-step job: 20 s).
+    episode_repeat: int = 2
     episode_window_s: float = 8.0
-    episode_min_history: int = 8  # completions of the comm seen before its stalls are judged
+    episode_window_periods: float = 2.0
+    # Completions of the comm seen before its stalls are judged: before that there is no
+    # "usual" to be abnormal against (a job's first steps, a pipeline stage's first wait).
+    episode_min_history: int = 8
 
 
 @dataclass(frozen=True)
@@ -151,13 +211,17 @@ class TriggerState:
         self._prev_ns: int | None = None
         self._episodes: dict[tuple[int, int, int], tuple[int, int]] = {}  # key -> (start, idle)
         self._away: dict[int, tuple[int, int | None]] = {}  # rank -> (left at, first ts)
+        # (rank, comm, seq) -> the longest stall its state samples showed, until it completes
+        self._op_stall: dict[tuple[int, int, int], int] = {}
+        self._stall_seen_ns = -1
 
     def update(self, view: tables.Bundle, t_ns: int) -> TriggerResult | None:
         ops = view.ops[np.isin(view.ops["rank"], self.sampled) & (view.ops["ts"] <= t_ns)]
-        self._learn(ops, t_ns)
         states = view.states["rank"]
         st_keep = np.isin(states, self.sampled)
         sub = view if st_keep.all() else _only_states(view, st_keep)
+        self._note_stalls(sub, t_ns)
+        self._learn(ops, t_ns)
         now = inflight.at(
             sub,
             t_ns,
@@ -179,6 +243,12 @@ class TriggerState:
         period = self.base.period_ns() or 0
         return max(int(self.s.window_s * NS), int(self.s.window_periods * period))
 
+    def episode_window_ns(self) -> int:
+        """How far back bursty stalls are counted: ``episode_window_s``, stretched to
+        ``episode_window_periods`` steps of the job (a stall once per step counts twice)."""
+        period = self.base.period_ns() or 0
+        return max(int(self.s.episode_window_s * NS), int(self.s.episode_window_periods * period))
+
     def hang_floor_ns(self) -> tuple[int, bool]:
         """The hang threshold's floor and whether the communicator's p99 adds to it: the
         configured ``hang_floor_s`` (not added), else the derived one (see ``proxy_hiccup_s``)."""
@@ -198,9 +268,12 @@ class TriggerState:
         be in now. ``view`` must be the bundle the next ``update`` gets (same comm indices).
         """
         new = np.asarray(sorted(set(sampled)), dtype=np.int32)
-        for r in np.setdiff1d(self.sampled, new).tolist():
+        gone = np.setdiff1d(self.sampled, new).tolist()
+        for r in gone:
             left = -1 if self._seen_ns is None else self._seen_ns
             self._away[r] = (left, self._first_ns.pop(r, None))
+        if gone:  # a rank that leaves completes its operations unseen
+            self._op_stall = {k: v for k, v in self._op_stall.items() if k[0] not in gone}
         joined = np.setdiff1d(new, self.sampled).tolist()
         self.sampled = new
         left_ns: dict[int, int] = {}
@@ -231,6 +304,33 @@ class TriggerState:
         for r, ts in zip(new["rank"].tolist(), new["ts"].tolist(), strict=True):
             self._first_ns.setdefault(r, ts)
         self.base.learn_ops(new)
+        keys = zip(new["rank"].tolist(), new["comm"].tolist(), new["seq"].tolist(), strict=True)
+        for key in keys:
+            stall = self._op_stall.pop(key, None)
+            if stall is not None:
+                self.base.learn_stall(key[1], stall)
+
+    def _note_stalls(self, view: tables.Bundle, t_ns: int) -> None:
+        """Remember, per operation in flight, the longest stall its state samples since the
+        previous tick showed (``ts - min(idle_ns)`` of its flows, at most ``ts - start``);
+        ``_learn`` hands it to the baselines when the operation completes. Only samples with
+        flows: without them a sample does not tell a stall from progress (``inflight``)."""
+        lo_ns, self._stall_seen_ns = self._stall_seen_ns, t_ns
+        st = view.states
+        m = (st["ts"] > lo_ns) & (st["ts"] <= t_ns) & (st["flow_hi"] > st["flow_lo"])
+        if not m.any():
+            return
+        st = st[m]
+        idle = inflight.segment_min(
+            view.flows["idle_ns"].astype(np.int64),
+            st["flow_lo"].astype(np.int64),
+            st["flow_hi"].astype(np.int64),
+        )
+        stall = np.maximum(0, np.minimum(idle, st["ts"] - st["start"])).tolist()
+        keys = zip(st["rank"].tolist(), st["comm"].tolist(), st["seq"].tolist(), strict=True)
+        for key, v in zip(keys, stall, strict=True):
+            if v > self._op_stall.get(key, -1):
+                self._op_stall[key] = int(v)
 
     # -- hang ----------------------------------------------------------------------------------
     def _hang(
@@ -251,7 +351,11 @@ class TriggerState:
                 continue
             stall = int(now.stalled_ns[i])
             thr = self.base.stall_threshold_ns(
-                int(now.comm[i]), floor_ns=floor, k=s.hang_k, add_p99=add_p99
+                int(now.comm[i]),
+                floor_ns=floor,
+                k=s.hang_k,
+                add_p99=add_p99,
+                min_stalls=s.stall_min_ops,
             )
             # Half way to its own communicator's hang threshold, not to the floor: a pipeline
             # receive that waits a whole forward pass every step (seconds, when steps are
@@ -338,13 +442,13 @@ class TriggerState:
                 self._episodes[key] = (start, int(idle[i]))
 
     def _bursty(self, t_ns: int, ops: tables.Table) -> TriggerResult | None:
-        """Slow when ``episode_repeat`` separate stalls resolved within ``episode_window_s``.
+        """Slow when ``episode_repeat`` separate stalls resolved within ``episode_window_ns``.
 
         Stalls seen by several sampled ranks at once (everyone waits on the stalled rank) are
         one episode: starts within ``episode_floor_s`` of each other are merged. Only stalls
         whose operation has completed by ``t`` count: one still going may be a hang.
         """
-        since = t_ns - int(self.s.episode_window_s * NS)
+        since = t_ns - self.episode_window_ns()
         live = [(k, v) for k, v in self._episodes.items() if v[0] > since]
         if not live:
             return None

@@ -173,3 +173,23 @@ def test_period_pools_one_operation_over_the_communicators_that_run_it() -> None
     base = _base()
     base.learn_ops(ops[np.argsort(ops["end"], kind="stable")])
     assert base.period_ns() == 3 * S
+
+
+def test_derived_threshold_adds_the_usual_stall_not_the_duration() -> None:
+    # The floor (a proxy sleep) comes on top of how long the communicator's operations usually
+    # go without progress. Ops of 300 ms that move data all along stall for 5 ms: once enough
+    # of their stalls are known, the 300 ms duration no longer lifts the threshold.
+    b = _base()
+    b.learn_ops(_ops([[300, 300]] * 4))
+    floor = 2 * S
+    assert b.stall_threshold_ns(0, floor_ns=floor, k=4.0, add_p99=True, min_stalls=3) == (
+        floor + 300 * MS
+    )  # too few stalls known: the duration, an upper bound of them
+    for _ in range(3):
+        b.learn_stall(0, 5 * MS)
+    assert b.stall_threshold_ns(0, floor_ns=floor, k=4.0, add_p99=True, min_stalls=3) == (
+        floor + 5 * MS
+    )
+    # k x p99 of durations (CCL-D's "such long operations") still stands where it is larger
+    assert b.stall_threshold_ns(0, floor_ns=0, k=4.0, add_p99=True, min_stalls=3) == 1200 * MS
+    assert b.stall_threshold_ns(0, floor_ns=S, k=4.0) == 1200 * MS  # hang_floor_s set: as before

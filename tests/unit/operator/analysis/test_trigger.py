@@ -279,3 +279,58 @@ def test_derived_threshold_adds_the_usual_longest_duration(ring: Ring) -> None:
     assert state.update(bundle, ring.stall_start + thr - 50 * MS) is None
     hit = state.update(bundle, ring.stall_start + thr + 50 * MS)
     assert hit is not None and hit.kind == "hang" and hit.at_ns == ring.stall_start + thr
+
+
+def _bandwidth_bound(stall_ms: int) -> tables.Bundle:
+    """Rank 0 runs 20 AllReduces of 300 ms on comm 0xa, one every 500 ms, each sampled every
+    100 ms with flows that last moved ``stall_ms`` before the sample; then seq 20 starts at
+    11 s and its flows stop moving at once (samples every 100 ms, idle growing)."""
+    b = tables.BundleBuilder(models.Job(world_size=2))
+    for seq in range(20):
+        t = S + seq * 500 * MS
+        for k in (1, 2):
+            flow = (0, 1, tables.RECV, 8, -1, -1, 8, k, 0, stall_ms * MS)
+            b.add_state(rank=0, ts=t + k * 100 * MS, comm="0xa", seq=seq, op="AllReduce",
+                        nbytes=1 << 26, start=t, flows=[flow])  # fmt: skip
+        b.add_op(rank=0, ts=t + 300 * MS, comm="0xa", seq=seq, op="AllReduce",
+                 nbytes=1 << 26, start=t, end=t + 300 * MS)  # fmt: skip
+    t0 = 11 * S
+    for k in range(1, 40):
+        flow = (0, 1, tables.RECV, 8, -1, -1, 8, 0, 0, k * 100 * MS)
+        b.add_state(rank=0, ts=t0 + k * 100 * MS, comm="0xa", seq=20, op="AllReduce",
+                    nbytes=1 << 26, start=t0, flows=[flow])  # fmt: skip
+    return b.build()
+
+
+@pytest.mark.parametrize("stall_ms", [5, 150])
+def test_hang_threshold_adds_the_usual_stall_not_the_usual_duration(stall_ms: int) -> None:
+    # A bandwidth-bound operation lasts 300 ms but moves data all along: a rank waiting on a
+    # sleeping proxy waits the sleep plus what such an operation usually spends without
+    # progress (its samples' longest stall, 5 ms), not plus its whole duration. Where the
+    # operations do wait without progress (150 ms before their sender comes), that wait is
+    # added in full.
+    bundle = _bandwidth_bound(stall_ms)
+    state = trigger.TriggerState((0,), trigger.TriggerSettings(), interval_ns=100 * MS)
+    for t in range(2 * S, 11 * S, S):
+        assert state.update(bundle, t) is None
+    hit = None
+    t = 11 * S
+    while hit is None and t < 15 * S:
+        t += 100 * MS
+        hit = state.update(bundle, t)
+    assert hit is not None and hit.kind == "hang"
+    assert hit.at_ns == 11 * S + S + 200 * MS + stall_ms * MS
+
+
+def test_episode_window_holds_two_steps_of_a_long_step_job() -> None:
+    # A proxy that stalls once per step shows one episode per step: with 6 s steps, two of
+    # them are never within a fixed 8 s, so the window stretches to two measured steps.
+    state = trigger.TriggerState((0,), trigger.TriggerSettings(), interval_ns=100 * MS)
+    assert state.episode_window_ns() == 8 * S  # step unknown: episode_window_s
+    b = tables.BundleBuilder(models.Job(world_size=1))
+    for seq in range(8):
+        t = S + seq * 6 * S
+        b.add_op(rank=0, ts=t + 100 * MS, comm="0xa", seq=seq, op="ReduceScatter",
+                 nbytes=1 << 20, start=t, end=t + 100 * MS)  # fmt: skip
+    state.base.learn_ops(b.build().ops)
+    assert state.episode_window_ns() == 12 * S
