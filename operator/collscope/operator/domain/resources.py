@@ -249,7 +249,7 @@ class DiagnosisSpec(_Part):
     trigger: Literal["hang", "slow", "manual"] | None = None
     incident: str | None = None
     detected_at: str | None = None
-    requested_actions: list[Literal["stacks", "flightRecorder", "cordon"]] = Field(
+    requested_actions: list[Literal["stacks", "flightRecorder", "cordon", "profile"]] = Field(
         default_factory=list
     )
     window_seconds: float | None = None
@@ -321,6 +321,22 @@ class FlightRecorderStatus(_Model):
     notes: list[str] | None = None
 
 
+class ProfilingStatus(_Model):
+    """``status.profiling``: the function-level profiling for this Diagnosis
+    (``profile_handlers``)."""
+
+    state: Literal["Requested", "Running", "Done", "Failed"]
+    reason: Literal[
+        "UserRequested", "SlowVerdict", "Armed", "FunctionFound", "NoFunctionCulprit",
+        "ProfilingOff", "TrainingJobNotFound", "NoRanks", "NoAgentArmed", "Superseded",
+        "KubeError",
+    ]  # fmt: skip
+    message: str | None = None
+    id: str | None = None
+    ranks_profiled: int | None = None
+    time: str | None = None
+
+
 class AgentErrorEntry(_Model):
     node: str
     message: str | None = None
@@ -352,6 +368,7 @@ class DiagnosisStatus(_Part):
     stacks: list[StackGroup] | None = None
     flight_recorder: FlightRecorderStatus | None = None
     agent_errors: list[AgentErrorEntry] | None = None
+    profiling: ProfilingStatus | None = None
     conditions: list[Condition] | None = None
 
 
