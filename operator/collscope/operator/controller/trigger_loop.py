@@ -152,14 +152,14 @@ async def discover(
     return failed
 
 
-def job_groups(spec: Mapping[str, Any], rt: jobs.JobRuntime) -> groups.JobGroups:
+def job_groups(spec: resources.TrainingJobSpec, rt: jobs.JobRuntime) -> groups.JobGroups:
     """Declared groups when ``spec.parallelism`` fits the ranks found; else those inferred from
     communicator membership at discovery (none yet: sampling spreads over nodes)."""
-    par = spec.get("parallelism")
+    declared = "" if spec.parallelism is None else spec.parallelism.as_text()
     world = max(rt.ranks, default=-1) + 1
-    if par and world > 0:
+    if declared and world > 0:
         try:
-            parsed = groups.parse(",".join(f"{k}={v}" for k, v in par.items()))
+            parsed = groups.parse(declared)
             d = groups.declared(parsed, world)
             return groups.JobGroups("declared", rt.groups.comms, d.tp, d.pp, d.dp)
         except errors.ParallelismError:
@@ -185,18 +185,17 @@ class TickResult:
 
 
 async def step(
-    state: OperatorState, key: jobs.JobKey, spec: Mapping[str, Any], *, now_s: float
+    state: OperatorState, key: jobs.JobKey, spec: resources.TrainingJobSpec, *, now_s: float
 ) -> TickResult:
-    """Steps 1-4 of a tick of the TrainingJob ``key`` (module docstring): discovery when due,
-    the sample, the window of the watched ranks and the trigger, in ``state.jobs[key]``."""
+    """Steps 1-4 of a tick of the TrainingJob ``key`` with its parsed ``spec`` (module
+    docstring): discovery when due, the sample, the watched ranks' window and the trigger."""
     cfg = state.settings
     rt = state.jobs.setdefault(key, jobs.JobRuntime())
     unreachable: list[agents.Unreachable] = []
     if rt.needs_discovery(state.pods.by_job.get(key, {}), now_s, cfg.trigger.rediscover_s):
         unreachable += await discover(state, key, rt, now_s)
-    analysis = jobs.analysis_settings(resources.TrainingJobSpec.parse(spec))
-    max_ranks = int(((spec.get("diagnosis") or {}).get("sampling") or {}).get("maxRanks", 0))
-    rt.set_max_ranks(max_ranks or sampling.DEFAULT_MAX_RANKS)
+    analysis = jobs.analysis_settings(spec)
+    rt.set_max_ranks(spec.diagnosis.sampling.max_ranks or sampling.DEFAULT_MAX_RANKS)
     chosen_groups = job_groups(spec, rt)
     sample = rt.resample(analysis.trigger, chosen_groups)
     out = TickResult(chosen_groups, sample, unreachable)
@@ -252,14 +251,15 @@ async def tick(
     cfg = memo.settings
     namespace = namespace or ""
     key = (namespace, name)
+    parsed = resources.TrainingJobSpec.parse(spec)  # SpecError: kopf logs it, the tick fails
     rt = memo.jobs.setdefault(key, jobs.JobRuntime())
-    every_s = float(((spec.get("diagnosis") or {}).get("trigger") or {}).get("intervalSeconds", 0))
+    every_s = parsed.diagnosis.trigger.interval_seconds or 0.0
     now_s = time.monotonic()
     if now_s - rt.last_tick_s < max(every_s, cfg.trigger.interval_s) * 0.9:
         return
     rt.last_tick_s = now_s
     memo.metrics.ticks.inc()
-    got = await step(memo, key, spec, now_s=now_s)
+    got = await step(memo, key, parsed, now_s=now_s)
     if got.error is not None:
         logger.warning("trigger tick of %s/%s: %s", namespace, name, got.error)
         return

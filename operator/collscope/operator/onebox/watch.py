@@ -26,7 +26,7 @@ from collscope.operator.analysis import diagnosis, trigger
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller import diagnosis_handlers, trigger_loop
 from collscope.operator.controller.state import OperatorState
-from collscope.operator.domain import jobs, settings
+from collscope.operator.domain import jobs, resources, settings
 from collscope.operator.onebox import box
 
 NS = 1_000_000_000
@@ -81,7 +81,7 @@ async def watch(
     cfg = state.settings
     key = (box.NAMESPACE, layout.job)
     out = Outcome()
-    spec: dict[str, Any] = {}
+    spec = resources.TrainingJobSpec()  # the one-box's job declares nothing: all defaults
     end = time.monotonic() + duration_s
     while time.monotonic() < end:
         started = time.monotonic()

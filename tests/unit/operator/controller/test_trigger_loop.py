@@ -492,3 +492,43 @@ async def test_a_second_slowdown_on_a_communicator_opens_a_second_diagnosis(
         status = tj_status(harness)
         assert status["lastTrigger"]["diagnosis"] == second["metadata"]["name"]
         assert set(rt.watched_when) == names  # each analysis replays what its trigger watched
+
+
+async def test_a_tick_parses_the_spec_once_and_a_malformed_one_fails_it() -> None:
+    """``tick`` parses the TrainingJob's spec (``resources.TrainingJobSpec``) before anything
+    else: a value of the wrong type fails the tick with the field named (kopf logs it), as the
+    hand-read ``intervalSeconds`` did."""
+    from typing import cast
+
+    import kopf
+
+    from collscope.operator import errors
+    from collscope.operator.clients import kube
+    from collscope.operator.controller import trigger_loop
+    from collscope.operator.controller.state import OperatorState
+
+    memo = OperatorState.create(cast(kube.Cluster, None), FAST, lambda n, ip: None)
+    raw = {"metadata": {"name": JOB, "namespace": "ml"},
+           "spec": {"diagnosis": {"trigger": {"intervalSeconds": "fast"}}}}  # fmt: skip
+    body = kopf.Body(cast(kopf.RawBody, raw))
+    with pytest.raises(errors.SpecError, match=r"spec\.diagnosis\.trigger\.intervalSeconds"):
+        await trigger_loop.tick(
+            name=JOB, namespace="ml", uid="uid-tj", body=body, spec=body.spec,
+            status=body.status, meta=body.meta, patch=kopf.Patch(), memo=memo,
+            logger=logging.getLogger(),
+        )  # fmt: skip
+
+
+async def test_declared_groups_come_from_the_parsed_parallelism() -> None:
+    from collscope.operator.controller import trigger_loop
+    from collscope.operator.domain import ids, jobs, resources
+
+    rt = jobs.JobRuntime()
+    for r in range(8):
+        rt.ranks[ids.Rank(r)] = jobs.RankPlace(ids.Rank(r), ids.NodeName(f"n{r // 4}"), "p", "")
+    spec = resources.TrainingJobSpec.parse({"parallelism": {"dp": 4, "tp": 2}})
+    got = trigger_loop.job_groups(spec, rt)
+    assert got.source == "declared" and (len(got.tp), len(got.dp)) == (4, 2)
+    assert trigger_loop.job_groups(resources.TrainingJobSpec(), rt) is rt.groups
+    misfit = resources.TrainingJobSpec.parse({"parallelism": {"tp": 3}})  # 3 does not cover 8
+    assert trigger_loop.job_groups(misfit, rt) is rt.groups
