@@ -31,6 +31,11 @@ releases nothing. A node found faulty stays marked until ``collscope uncordon NO
 ``kopf.info``/``kopf.warn`` on the Diagnosis; ``Diagnosed``, ``AnalysisFailed`` and
 remediation's decisions also on the workload that owns the TrainingJob (``owners.workload_of``:
 the PyTorchJob, JobSet or Job), where ``kubectl describe`` of the job shows them.
+
+Why one module: analysis, evidence and remediation are one sequence over one Diagnosis's
+status, patched in that order from one parse of the object (``resources.Diagnosis``); the
+collection (``evidence``) and the remediation gates (``remediator``) are modules of their own,
+and what stays here is their order and the patches and Events between them.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from collscope.operator import errors
 from collscope.operator.analysis import diagnosis, engine
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller import evidence, profile_handlers, remediator, trigger_loop
+from collscope.operator.controller import state as state_mod
 from collscope.operator.controller.state import OperatorState
 from collscope.operator.domain import ids, jobs, owners, resources, status
 
@@ -92,7 +98,7 @@ async def process(
     if profile_handlers.LABEL in (meta.get("labels") or {}):
         return  # written whole by profile_handlers: function-level, never remediated
     seen = memo.diagnoses_seen
-    key = f"{namespace}/{name}/{meta.get('uid', '')}"
+    key = state_mod.diagnosis_key(namespace, name, meta.get("uid", ""))
     if key in seen:
         return
     seen.add(key)
@@ -118,19 +124,29 @@ async def _process(
     logger: Logger,
 ) -> None:
     api = state.kube
-    phase = status.get("phase")
     generation = meta.get("generation")
-    conditions = list(status.get("conditions") or [])
-    if phase in ("Remediated", "Failed") or (phase == "Diagnosed" and "actions" in status):
+    try:
+        diag = resources.Diagnosis.parse({"spec": dict(spec), "status": dict(status)})
+    except errors.SpecError as e:  # the CRD's schema refuses these: a hand-made object only
+        if status.get("phase") not in ("Remediated", "Failed"):
+            await _failed(
+                api, namespace=namespace, name=name, body=body, phase=status.get("phase"),
+                conditions=status.get("conditions"), generation=generation, why=str(e), job="",
+            )  # fmt: skip
         return
-    job = str((spec.get("trainingJob") or {}).get("name", ""))
+    current = diag.status
+    phase: str | None = current.phase
+    conditions = _conditions(current)
+    if phase in ("Remediated", "Failed") or (phase == "Diagnosed" and current.actions is not None):
+        return
+    job = diag.spec.training_job.name
     if phase != "Diagnosed":
         for step in ("Detected", "Analyzing")[1 if phase == "Analyzing" else 0 :]:
             new = status_phase(phase, step, conditions, generation, f"{step} for job {job}")
             await _patch(api, namespace, name, new)
             phase, conditions = step, new["conditions"]
         try:
-            result, failed = await analyse(state, namespace, job, spec, diagnosis_name=name)
+            result, failed = await analyse(state, namespace, job, diag.spec, diagnosis_name=name)
         except (errors.AgentError, errors.KubeError, errors.AnalysisError) as e:
             await _failed(
                 api, namespace=namespace, name=name, body=body, phase=phase,
@@ -162,18 +178,23 @@ async def _process(
         logger.info("Diagnosis %s/%s: %s", namespace, name, summary)
         conditions = new["conditions"]
         found = await evidence.collect(
-            state, namespace, job=job, spec=spec, result=result, logger=logger
+            state, namespace, job=job, spec=diag.spec, result=result, logger=logger
         )
         if found:
             await _patch(api, namespace, name, found)
         if profile_handlers.wanted(result):  # the function behind a host-side slowdown
             await profile_handlers.request(api, namespace, job, name, logger)
     else:
-        result = diagnosis.Diagnosis.model_validate(status.get("result") or {})
+        result = current.result or diagnosis.Diagnosis.model_validate({})
     await remediate(
         state, api, namespace=namespace, name=name, job=job, result=result,
-        conditions=conditions, generation=generation, body=body,
+        conditions=conditions, generation=generation, body=body, diag=diag,
     )  # fmt: skip
+
+
+def _conditions(current: resources.DiagnosisStatus) -> list[dict[str, Any]]:
+    """``status.conditions`` as written, the dictionaries ``status.set_condition`` merges."""
+    return [c.model_dump(by_alias=True, exclude_unset=True) for c in current.conditions or ()]
 
 
 status_mod = status  # the module, shadowed by kopf's ``status`` kwarg inside handlers
@@ -258,7 +279,7 @@ async def analyse(
     state: OperatorState,
     namespace: str,
     job: str,
-    spec: Mapping[str, Any],
+    spec: resources.DiagnosisSpec,
     *,
     diagnosis_name: str = "",
 ) -> tuple[diagnosis.Diagnosis, list[agents.Unreachable]]:
@@ -276,7 +297,7 @@ async def analyse(
         raise errors.AnalysisError(f"no ranks of TrainingJob {job} found on any agent")
     tj = await state.kube.get_trainingjob(namespace, job)
     tj_spec = resources.TrainingJob.parse(tj or {}).spec
-    window_s = float(spec.get("windowSeconds") or cfg.diagnosis_window_s)
+    window_s = float(spec.window_seconds or cfg.diagnosis_window_s)
     started = time.perf_counter()
     t_ns = time.time_ns()
     bundle, more = await agents.pull_window(
@@ -312,24 +333,26 @@ async def remediate(
     conditions: Any,
     generation: Any,
     body: kopf.Body,
+    diag: resources.Diagnosis,
 ) -> None:
+    """The next remediation step of the Diagnosis ``diag`` (as the handler got it: its
+    ``status.confirmation`` is the re-check to resume after a restart)."""
     rem, cfg = state.remediator, state.settings
     tj = await api.get_trainingjob(namespace, job) if job else None
     parsed = _trainingjob(tj)
     overrides = None if parsed is None else parsed.spec.diagnosis.remediation.overrides()
-    current = body.get("status") or {}
     pendings = state.confirmations
-    uid = f"{namespace}/{name}/{body.get('metadata', {}).get('uid', '')}"
-    pending = current.get("confirmation") or pendings.get(uid)
-    if pending is not None and pending.get("state") != "Pending":
+    uid = state_mod.diagnosis_key(namespace, name, body.get("metadata", {}).get("uid", ""))
+    pending = diag.status.confirmation or pendings.get(uid)
+    if pending is not None and pending.state != "Pending":
         pending = pendings.get(uid)
-    window_s = float((body.get("spec") or {}).get("windowSeconds") or cfg.diagnosis_window_s)
+    request = remediator.Request(
+        f"{namespace}/{name}", result, overrides, pending=pending, conditions=conditions,
+        generation=generation, hardware=hardware_source(state, (namespace, job)),
+        window_s=float(diag.spec.window_seconds or cfg.diagnosis_window_s),
+    )  # fmt: skip
     try:
-        step = await rem.remediate(
-            f"{namespace}/{name}", result, overrides, pending=pending,
-            conditions=conditions, generation=generation,
-            hardware=hardware_source(state, (namespace, job)), window_s=window_s,
-        )  # fmt: skip
+        step = await rem.remediate(request)
     except (errors.KubeError, errors.RemediationError) as e:
         raise kopf.TemporaryError(f"remediation: {e}", delay=5) from e
     new = dict(step.status)
@@ -349,7 +372,7 @@ async def remediate(
             kopf.info(body, reason=f"Remediation{a['outcome']}", message=text.strip())
     if step.retry_in_s is not None:
         if "confirmation" in new:
-            pendings[uid] = new["confirmation"]
+            pendings[uid] = resources.Confirmation.model_validate(new["confirmation"])
         raise kopf.TemporaryError(
             f"re-checking the hardware of the culprit node in {step.retry_in_s:.1f} s",
             delay=max(step.retry_in_s, 0.1),

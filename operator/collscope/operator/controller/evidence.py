@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from collscope.nodeagent import api as api_models
 from collscope.operator.analysis import diagnosis
 from collscope.operator.clients import agents
 from collscope.operator.controller.state import OperatorState
-from collscope.operator.domain import flightrecorder, ids, jobs, stackgrid, status
+from collscope.operator.domain import flightrecorder, ids, jobs, resources, stackgrid, status
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -26,15 +26,15 @@ async def collect(
     namespace: str,
     *,
     job: str,
-    spec: Mapping[str, Any],
+    spec: resources.DiagnosisSpec,
     result: diagnosis.Diagnosis,
     logger: Logger,
 ) -> dict[str, Any]:
     """``stacks`` and ``flightRecorder`` of the status, collected concurrently (each only
     when wanted, see the module docstring); {} when there is nothing to add."""
-    requested = set(spec.get("requestedActions") or ())
+    requested = set(spec.requested_actions)
     want_stacks = result.anomaly or "stacks" in requested
-    want_fr = spec.get("trigger") in ("hang", "slow") or "flightRecorder" in requested
+    want_fr = spec.trigger in ("hang", "slow") or "flightRecorder" in requested
     grid, fr = await asyncio.gather(
         collect_stacks(state, namespace, job, result, logger) if want_stacks else _none(),
         collect_flight_recorder(state, namespace, job=job, spec=spec, result=result, logger=logger)
@@ -76,7 +76,7 @@ async def collect_flight_recorder(
     namespace: str,
     *,
     job: str,
-    spec: Mapping[str, Any],
+    spec: resources.DiagnosisSpec,
     result: diagnosis.Diagnosis,
     logger: Logger,
 ) -> dict[str, Any] | None:
@@ -118,11 +118,11 @@ async def collect_flight_recorder(
 
 
 def _incident_members(
-    rt: jobs.JobRuntime, spec: Mapping[str, Any], result: diagnosis.Diagnosis
+    rt: jobs.JobRuntime, spec: resources.DiagnosisSpec, result: diagnosis.Diagnosis
 ) -> list[int]:
     """Members of the communicator named by the incident (``hang/<comm>/<seq>``,
     ``slow/<comm>@<ms>``) or by the culprits; empty when the operator does not know it."""
-    parts = str(spec.get("incident") or "").split("/")
+    parts = (spec.incident or "").split("/")
     comms = {parts[1].split("@")[0]} if len(parts) > 1 else set()
     comms |= {c.comm for c in result.culprits if c.comm}
     return sorted({int(m) for c in rt.groups.comms if c.comm_id in comms for m in c.members})

@@ -52,6 +52,7 @@ from collscope.operator.domain import (
     metrics,
     policy,
     remediation,
+    resources,
     status,
 )
 
@@ -75,6 +76,24 @@ class Step:
     events: list[tuple[bool, str, str]] = field(default_factory=list)  # (warning, reason, msg)
     retry_in_s: float | None = None
     marked: bool = False
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``Remediator.remediate`` decides on for one Diagnosis ``diag`` (``ns/name``): its
+    result, the TrainingJob's policy overrides (None: the cluster's policy), ``pending``: its
+    ``status.confirmation`` while a re-check is due, its conditions and generation (to set
+    ``Confirmed`` over), where the culprit node's hardware samples come from and the Diagnosis
+    window (how far back corroboration reads)."""
+
+    diag: str
+    result: diagnosis.Diagnosis
+    overrides: Mapping[str, Any] | None
+    pending: resources.Confirmation | None
+    conditions: Sequence[Mapping[str, Any]] | None
+    generation: int | None
+    hardware: HardwareSource
+    window_s: float
 
 
 @dataclass
@@ -127,57 +146,32 @@ class Remediator:
             await self.save(brk, total)
             return brk.summary(total)
 
-    async def remediate(
-        self,
-        diag: str,
-        result: diagnosis.Diagnosis,
-        overrides: Mapping[str, Any] | None,
-        *,
-        pending: Mapping[str, Any] | None,
-        conditions: Sequence[Mapping[str, Any]] | None,
-        generation: int | None,
-        hardware: HardwareSource,
-        window_s: float,
-    ) -> Step:
-        """The next step for Diagnosis ``diag`` (``ns/name``); ``pending``: its
-        ``status.confirmation`` while a re-check is due. Each decision is logged at INFO."""
-        step = await self._next_step(
-            diag, result, overrides, pending=pending, conditions=conditions,
-            generation=generation, hardware=hardware, window_s=window_s,
-        )  # fmt: skip
-        log.info("remediation of Diagnosis %s: %s", diag, decision_text(step))
+    async def remediate(self, req: Request) -> Step:
+        """The next step for the Diagnosis ``req.diag``. Each decision is logged at INFO."""
+        step = await self._next_step(req)
+        log.info("remediation of Diagnosis %s: %s", req.diag, decision_text(step))
         return step
 
-    async def _next_step(
-        self,
-        diag: str,
-        result: diagnosis.Diagnosis,
-        overrides: Mapping[str, Any] | None,
-        *,
-        pending: Mapping[str, Any] | None,
-        conditions: Sequence[Mapping[str, Any]] | None,
-        generation: int | None,
-        hardware: HardwareSource,
-        window_s: float,
-    ) -> Step:
+    async def _next_step(self, req: Request) -> Step:
+        result, pending, hardware = req.result, req.pending, req.hardware
         now = self.now()
         notes: list[str] = []
         try:
-            pol, notes = self.defaults.bounded(overrides)
+            pol, notes = self.defaults.bounded(req.overrides)
         except errors.PolicyError as e:
             pol, notes = self.defaults, [f"TrainingJob policy ignored ({e}); the cluster's applies"]
         decision = policy.decide(pol, result)
         node = decision.node
-        ctx = _Ctx(self, diag, result, conditions, generation, now, notes)
+        ctx = _Ctx(self, req.diag, result, req.conditions, req.generation, now, notes)
         if not decision.act or node is None:
             quiet = decision.code in ("NoAnomaly", "RemediationDisabled")
             return await ctx.stop(
                 decision.code, decision.reason, node, action="none" if quiet else None
             )
         culprit = result.culprits[0]
-        if pending is None or pending.get("state") != "Pending":
+        if pending is None or pending.state != "Pending":
             since = max(
-                (result.detected_at or int(now.timestamp() * NS)) - int(window_s * NS),
+                (result.detected_at or int(now.timestamp() * NS)) - int(req.window_s * NS),
                 int((now.timestamp() - MAX_LOOKBACK_S) * NS),
             )
             records = await _read(hardware, node, since, int(now.timestamp() * NS))
@@ -196,11 +190,11 @@ class Remediator:
                 [(False, "AwaitingRecheck", f"{node}: {found.message}")],
                 retry_in_s=pol.confirm_delay_s,
             )
-        recheck_at = status.parse_timestamp(str(pending["recheckAt"]))
+        recheck_at = status.parse_timestamp(str(pending.recheck_at))
         if now < recheck_at:
             return Step({}, retry_in_s=(recheck_at - now).total_seconds())
-        checked = status.parse_timestamp(str(pending["checkedAt"]))
-        first = [confirmation.Symptom(**s) for s in pending.get("symptoms") or []]
+        checked = status.parse_timestamp(pending.checked_at)
+        first = [confirmation.Symptom(**s.model_dump()) for s in pending.symptoms or []]
         records = await _read(
             hardware, node, int(checked.timestamp() * NS), int(now.timestamp() * NS)
         )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller import remediator
-from collscope.operator.domain import jobs, metrics, settings
+from collscope.operator.domain import jobs, metrics, resources, settings
 
 if TYPE_CHECKING:
     from collscope.operator.controller import profile_handlers
@@ -62,10 +62,10 @@ class OperatorState:
     selectors: Selectors = dataclasses.field(default_factory=dict)
     seen: Seen = dataclasses.field(default_factory=dict)
     warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
-    # ``diagnosis_handlers``: the Diagnoses analysed (namespace/name/uid), and the pending
-    # confirmation re-checks by Diagnosis (namespace/name/uid).
+    # ``diagnosis_handlers``: the Diagnoses analysed, and the pending confirmation re-checks
+    # by Diagnosis (both keyed by ``diagnosis_key``).
     diagnoses_seen: set[str] = dataclasses.field(default_factory=set)
-    confirmations: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    confirmations: dict[str, resources.Confirmation] = dataclasses.field(default_factory=dict)
     # ``profile_handlers``: the profiling under way per TrainingJob.
     profiles: dict[JobKey, profile_handlers.Pending] = dataclasses.field(default_factory=dict)
     # Replaces the culprit nodes' agents as the source of hardware samples (tests).
@@ -101,3 +101,8 @@ class OperatorState:
 
     def __copy__(self) -> OperatorState:
         return self  # one state for all objects (module docstring)
+
+
+def diagnosis_key(namespace: str | None, name: str, uid: object) -> str:
+    """A Diagnosis's key in ``diagnoses_seen`` and ``confirmations``: ``namespace/name/uid``."""
+    return f"{namespace}/{name}/{uid}"

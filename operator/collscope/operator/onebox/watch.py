@@ -96,8 +96,9 @@ async def watch(
             out.hit = hit
             t0 = time.perf_counter()
             out.result, failed = await diagnosis_handlers.analyse(
-                state, box.NAMESPACE, layout.job, {"windowSeconds": cfg.diagnosis_window_s}
-            )
+                state, box.NAMESPACE, layout.job,
+                resources.DiagnosisSpec(window_seconds=cfg.diagnosis_window_s),
+            )  # fmt: skip
             out.analysed_in_s = time.perf_counter() - t0
             out.unreachable += failed
             out.bundle = await window(state, layout, cfg.diagnosis_window_s)

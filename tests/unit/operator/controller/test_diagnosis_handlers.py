@@ -465,6 +465,38 @@ async def test_an_exception_in_analysis_fails_the_diagnosis_once(
     assert st["action"] == "none" and calls == ["analyse"]
 
 
+async def test_a_malformed_diagnosis_spec_fails_it_once_naming_the_field(
+    harness: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler parses the Diagnosis once (``resources.Diagnosis``); one the CRD's schema
+    would refuse (kmock does not check) ends Failed with the field named, never analysed."""
+    calls: list[str] = []
+
+    async def analyse(*_: Any, **__: Any) -> Any:
+        calls.append("analyse")
+        raise AssertionError("not reached")
+
+    monkeypatch.setattr(diagnosis_handlers, "analyse", analyse)
+    trainingjob(harness)
+    manual = {
+        "apiVersion": "collscope.dev/v1alpha1", "kind": "Diagnosis",
+        "metadata": {"name": "odd", "namespace": "ml", "uid": "uid-odd", "resourceVersion": "1"},
+        "spec": {"trainingJob": {"name": JOB}, "trigger": "manual", "windowSeconds": "soon"},
+    }  # fmt: skip
+    async with harness.run(CONFIG, lambda n, ip: None):
+        await post(harness, manual)
+
+        def failed() -> dict[str, Any] | None:
+            st = (harness.obj(harness.DIAG, "odd") or {}).get("status") or {}
+            return dict(st) if st.get("phase") == "Failed" else None
+
+        st = await harness.until(failed)
+    (cond,) = st["conditions"]
+    assert (cond["status"], cond["reason"]) == ("False", "AnalysisFailed")
+    assert cond["message"].startswith("Diagnosis spec.windowSeconds: Input should be a valid")
+    assert st["action"] == "none" and calls == []
+
+
 async def test_events_go_to_the_diagnosis_and_the_workload(monkeypatch: pytest.MonkeyPatch) -> None:
     posted: list[tuple[str, str, str, str]] = []
     for level in ("warn", "info"):

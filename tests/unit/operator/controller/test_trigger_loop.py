@@ -366,7 +366,7 @@ async def test_flight_recorder_gaps_are_notes(job: Job) -> None:
     from collscope.operator.clients import kube
     from collscope.operator.controller import evidence
     from collscope.operator.controller.state import OperatorState
-    from collscope.operator.domain import ids, jobs
+    from collscope.operator.domain import ids, jobs, resources
 
     job.no_fr.add(1)
     job.agents["node-b"].service.flightrecorder_dumper = None
@@ -381,7 +381,12 @@ async def test_flight_recorder_gaps_are_notes(job: Job) -> None:
     state.jobs[key], state.pods = rt, pods
     result = diagnosis.Diagnosis(anomaly=True, trigger="hang")
     fr = await evidence.collect_flight_recorder(
-        state, "ml", job=JOB, spec={"trigger": "hang"}, result=result, logger=logging.getLogger()
+        state,
+        "ml",
+        job=JOB,
+        spec=resources.DiagnosisSpec(trigger="hang"),
+        result=result,
+        logger=logging.getLogger(),
     )
     assert fr is not None
     assert fr["summary"] == "rank 0: entered AllReduce seq 6"
