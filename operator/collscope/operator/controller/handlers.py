@@ -40,7 +40,7 @@ from collscope.nodeagent import podcontract
 from collscope.operator import errors
 from collscope.operator.clients import kube
 from collscope.operator.controller.state import OperatorState, Selectors
-from collscope.operator.domain import ids, injection, jobs, owners
+from collscope.operator.domain import ids, injection, jobs, owners, resources
 
 PARALLELISM_ANNOTATION = "collscope.dev/parallelism"
 
@@ -65,18 +65,28 @@ def claimed_by(selectors: Selectors, namespace: str, labels: dict[str, str]) -> 
 
 
 async def trainingjob_event(
-    event: kopf.RawEvent, body: kopf.Body, memo: OperatorState, **_: Any
+    event: kopf.RawEvent,
+    body: kopf.Body,
+    memo: OperatorState,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
 ) -> None:
     """Keep ``OperatorState.selectors`` in step with TrainingJobs carrying ``spec.selector``; a
-    new or changed selector takes the opted-in pods already seen."""
+    new or changed selector takes the opted-in pods already seen. A spec that does not parse
+    (``resources.TrainingJobSpec``; the CRD's schema refuses it) selects nothing, logged."""
     meta = body.get("metadata") or {}
     key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
     selectors = memo.selectors
-    selector = (body.get("spec") or {}).get("selector")
-    if event.get("type") == "DELETED" or not isinstance(selector, dict):
+    selector = None
+    if event.get("type") != "DELETED":
+        try:
+            selector = resources.TrainingJobSpec.parse(body.get("spec")).selector
+        except errors.SpecError as e:
+            logger.warning("%s: its selector is ignored", e)
+    if selector is None:
         selectors.pop(key, None)
         return
-    selectors[key] = dict(selector)
+    selectors[key] = selector.as_dict()
     pods, seen = memo.pods, memo.seen
     for (ns, _pod), (labels, place) in sorted(seen.items()):
         if ns == key[0] and claimed_by(selectors, ns, labels) == key[1]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -205,3 +206,32 @@ async def test_a_hand_written_trainingjob_finds_its_pods_by_selector(cluster: An
     # The selected pods' workload got no TrainingJob of its own.
     assert trainingjob(cluster, "job-bert") is None
     assert memo.warned >= {("uid-Pod-w-0", "NotInjected")}  # opted in, never injected
+
+
+@pytest.mark.asyncio
+async def test_a_selector_is_kept_as_parsed_and_a_malformed_spec_selects_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``trainingjob_event`` parses the spec (``resources.TrainingJobSpec``): the selector is
+    kept as written; a spec the CRD's schema would refuse drops it, logged with the field."""
+    from typing import cast
+
+    config = collscope_settings.Settings()
+    memo = OperatorState.create(cast(kube.Cluster, None), config, lambda n, ip: None)
+    selector = {"matchLabels": {"app": "llama"},
+                "matchExpressions": [{"key": "role", "operator": "Exists"}]}  # fmt: skip
+    tj = {"metadata": meta("llama", "TrainingJob"), "spec": {"selector": selector}}
+    log = logging.getLogger("test")
+
+    async def seen(body: dict[str, Any], kind: str = "ADDED") -> None:
+        event = cast(kopf.RawEvent, {"type": kind, "object": body})
+        await handlers.trainingjob_event(event, kopf.Body(cast(kopf.RawBody, body)), memo, log)
+
+    await seen(tj)
+    assert memo.selectors == {(NS, "llama"): selector}
+    await seen({**tj, "spec": {"selector": selector, "parallelism": {"tp": "eight"}}})
+    assert memo.selectors == {}
+    assert "TrainingJob spec.parallelism.tp: Input should be a valid integer" in caplog.text
+    await seen(tj)
+    await seen(tj, "DELETED")
+    assert memo.selectors == {}
