@@ -26,8 +26,9 @@
   done (the ``Action`` printer column), the ``Confirmed`` condition why.
 
 There is no delete handler, hence no finalizer: deleting a Diagnosis (or its job, which owns it)
-releases nothing. A node found faulty stays marked until ``collscope uncordon NODE``. At start-up
-(``on.startup``) the breaker's held set is rebuilt from the nodes' marks. Events are posted with
+releases nothing; an ``on.event`` handler (``gone``) only forgets its pending re-check. A node
+found faulty stays marked until ``collscope uncordon NODE``. At start-up (``on.startup``) the
+breaker's held set is rebuilt from the nodes' marks. Events are posted with
 ``kopf.info``/``kopf.warn`` on the Diagnosis; ``Diagnosed``, ``AnalysisFailed`` and
 remediation's decisions also on the workload that owns the TrainingJob (``owners.workload_of``:
 the PyTorchJob, JobSet or Job), where ``kubectl describe`` of the job shows them.
@@ -64,6 +65,7 @@ Logger = logging.Logger | logging.LoggerAdapter[Any]
 def register(registry: kopf.OperatorRegistry) -> None:
     for on in (kopf.on.create, kopf.on.resume):
         on(kube.GROUP, kube.VERSION, kube.DIAGNOSES, id="process", registry=registry)(process)
+    kopf.on.event(kube.GROUP, kube.VERSION, kube.DIAGNOSES, id="gone", registry=registry)(gone)
     kopf.on.startup(id="breaker", registry=registry)(rebuild_breaker)
 
 
@@ -75,6 +77,17 @@ async def rebuild_breaker(memo: OperatorState, logger: Logger, **_: Any) -> None
         logger.warning("circuit breaker not rebuilt from the nodes at start-up: %s", e)
         return
     logger.info("circuit breaker %s; nodes held: %s", summary["state"], summary["held"] or "none")
+
+
+async def gone(event: kopf.RawEvent, body: kopf.Body, memo: OperatorState, **_: Any) -> None:
+    """A deleted Diagnosis's pending re-check is forgotten (``OperatorState.forget_diagnosis``);
+    watched only: no finalizer, nothing released."""
+    if event.get("type") == "DELETED":
+        meta = body.get("metadata") or {}
+        key = state_mod.diagnosis_key(
+            meta.get("namespace"), meta.get("name", ""), meta.get("uid", "")
+        )
+        memo.forget_diagnosis(key)
 
 
 def now_utc() -> datetime.datetime:

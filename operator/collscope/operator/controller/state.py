@@ -63,7 +63,7 @@ class OperatorState:
     seen: Seen = dataclasses.field(default_factory=dict)
     warned: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     # ``diagnosis_handlers``: the Diagnoses analysed, and the pending confirmation re-checks
-    # by Diagnosis (both keyed by ``diagnosis_key``).
+    # by Diagnosis (both keyed by ``diagnosis_key``); a deleted Diagnosis's re-check goes.
     diagnoses_seen: set[str] = dataclasses.field(default_factory=set)
     confirmations: dict[str, resources.Confirmation] = dataclasses.field(default_factory=dict)
     # ``profile_handlers``: the profiling under way per TrainingJob.
@@ -101,6 +101,11 @@ class OperatorState:
 
     def __copy__(self) -> OperatorState:
         return self  # one state for all objects (module docstring)
+
+    def forget_diagnosis(self, key: str) -> None:
+        """A deleted Diagnosis (``diagnosis_key``): its pending re-check goes, since kopf never
+        comes back to a Diagnosis that is gone."""
+        self.confirmations.pop(key, None)
 
 
 def diagnosis_key(namespace: str | None, name: str, uid: object) -> str:

@@ -202,6 +202,26 @@ async def test_confirmed_fault_marks_the_node_and_deletion_keeps_it(
         assert breaker_state(harness)["held"] == []
 
 
+async def test_a_diagnosis_deleted_while_its_recheck_waits_is_forgotten(harness: Any) -> None:
+    """The pending re-check (``OperatorState.confirmations``) goes with its Diagnosis: kopf
+    never comes back to a deleted one, so nothing else would drop it (issue 13)."""
+    import dataclasses
+
+    slow = dataclasses.replace(CONFIG, remediation=policy.RemediationPolicy(confirm_delay_s=60))
+    trainingjob(harness)
+    harness.node("n1")
+    async with harness.run(slow, lambda n, ip: None) as memo:
+        memo.hardware = Hardware(n1=[ECC])
+        await post(harness, diagnosed("d1", "n1"))
+        await post(harness, diagnosed("d2", "n1"))
+        await harness.until(lambda: len(memo.confirmations) == 2)
+        assert memo.confirmations["ml/d1/uid-d1"].state == "Pending"
+        await delete(harness, "d1")
+        await harness.until(lambda: "ml/d1/uid-d1" not in memo.confirmations)
+        assert set(memo.confirmations) == {"ml/d2/uid-d2"}  # the other one still waits
+    assert unmarked(harness, "n1")
+
+
 @pytest.mark.parametrize(
     ("faults", "later", "reason"),
     [
