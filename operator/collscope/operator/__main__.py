@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import os
 import sys
@@ -31,7 +30,7 @@ from collections.abc import Callable, Sequence
 import kopf
 import prometheus_client
 
-from collscope.nodeagent import logs, version
+from collscope.nodeagent import envsettings, logs, version
 from collscope.operator import errors
 from collscope.operator.clients import kube
 from collscope.operator.controller import (
@@ -110,29 +109,17 @@ def parser() -> argparse.ArgumentParser:
         "chart sets them).",
     )
     p.add_argument("--version", action="version", version=version.line("collscope-operator"))
-    p.add_argument(
-        "--log-level",
-        choices=logs.LEVELS,
-        type=str.upper,
-        default=None,
-        help="least severe log lines kept, kopf's too; INFO shows every trigger, diagnosis "
-        f"and remediation decision (COLLSCOPE_LOG_LEVEL; default: {d.log_level})",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=logs.FORMATS,
-        default=None,
-        help="text, or one JSON object per line for a log collector "
-        f"(COLLSCOPE_LOG_FORMAT; default: {d.log_format})",
-    )
+    for var in settings.VARIABLES:  # --log-level, --log-format
+        if var.flag:
+            envsettings.add_flag(p, var, d)
     return p
 
 
 def configure(args: argparse.Namespace, env: dict[str, str]) -> settings.Settings:
-    """Environment first, then the flags given."""
+    """Environment first, then the flags given (only those present), each checked as its
+    variable is."""
     config = settings.Settings.from_env(env)
-    given = {k: getattr(args, k) for k in ("log_level", "log_format")}
-    return dataclasses.replace(config, **{k: v for k, v in given.items() if v is not None})
+    return envsettings.overrides(config, settings.VARIABLES, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -100,3 +100,16 @@ def test_peering_is_ours_when_named() -> None:
     ks = kopf.OperatorSettings()
     main.configure_kopf(ks, config, priority=0, peering="")
     assert (ks.peering.name, ks.peering.mandatory) == ("default", False)  # kopf's auto-detection
+
+
+def test_the_flags_are_the_flagged_variables() -> None:
+    """``--log-level`` and ``--log-format`` come from their ``settings.VARIABLES`` declarations
+    (``envsettings.add_flag``): the help names the variable and its default; a flag given
+    overrides the environment, one not given leaves it."""
+    text = " ".join(main.parser().format_help().split())
+    assert "--log-level {DEBUG,INFO,WARNING,ERROR}" in text
+    assert "decision (COLLSCOPE_LOG_LEVEL; default: INFO)" in text
+    assert "collector (COLLSCOPE_LOG_FORMAT; default: text)" in text
+    env = {"COLLSCOPE_LOG_LEVEL": "warning", "COLLSCOPE_LOG_FORMAT": "json"}
+    config = main.configure(main.parser().parse_args(["--log-level", "debug"]), env)
+    assert (config.log_level, config.log_format) == ("DEBUG", "json")

@@ -182,7 +182,10 @@ VARIABLES: tuple[envsettings.Var[Any], ...] = (
         "webhook_cert_dir"),
     Var("COLLSCOPE_PLUGIN_IMAGE", _TEXT, "the image holding the plugin", "injection.image"),
     Var("COLLSCOPE_LOG_LEVEL", envsettings.choice(*logs.LEVELS, fold=str.upper),
-        "least severe log lines kept", "log_level"),
+        "least severe log lines kept, kopf's too; INFO shows every trigger, diagnosis and "
+        "remediation decision", "log_level", flag="--log-level", choices=logs.LEVELS,
+        flag_type=str.upper),
     Var("COLLSCOPE_LOG_FORMAT", envsettings.choice(*logs.FORMATS),
-        "text, or one JSON object per line", "log_format"),
+        "text, or one JSON object per line for a log collector", "log_format",
+        flag="--log-format", choices=logs.FORMATS),
 )  # fmt: skip
