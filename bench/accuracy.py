@@ -7,6 +7,8 @@ confidence that means what it says, and never alarm on a healthy job?
     .venv/bin/python bench/accuracy.py --json out.json # also keep every case
     .venv/bin/python bench/accuracy.py --bundles ../shared/eval-dev   # bundles from elsewhere
     .venv/bin/python bench/accuracy.py --faults nic-slow --duration 16  # one family, longer runs
+    .venv/bin/python bench/accuracy.py --sampled-only  # no job-wide summaries (the trigger of
+                                                       # the sampled ranks alone, as before)
 
 Two sources of cases. By default each case simulates a job (collscope.operator.simulator) with
 one fault and runs the analysis exactly as `collscope analyze` does (analysis.engine.diagnose on
@@ -21,6 +23,11 @@ scores a directory laid out like ``../shared/eval-dev/``::
                                "culprits": [108], "category": "hang.network", "shape": {...}}
 
 (``category`` and ``onset`` null for a fault-free case), each bundle read with ``reader.load``.
+
+The replay models the operator's live pull (docs/design.md, "Data path" 5): at each tick the
+trigger gets the windows of the sampled ranks and, unless ``--sampled-only``, every rank's
+``GET /v1/summaries`` row for the job-wide hang check (``analysis/jobwide.py``), made here by
+the agent's own ``summary.summarize`` (``Summaries``) from the records an agent would hold then.
 
 Per case, against the truth: *detected* (an anomaly reported), *top-1* (the first culprit's rank
 is a truth culprit), *right node* (the first culprit's node, from job.json, is the node of a
@@ -58,8 +65,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from collscope.nodeagent import api, summary
 from collscope.nodeagent.bundle import reader, tables
-from collscope.operator.analysis import diagnosis, placement
+from collscope.operator.analysis import diagnosis, placement, view
 from collscope.operator.analysis import engine as analysis
 from collscope.operator.cli import progress
 from collscope.operator.simulator import config, truth
@@ -73,6 +81,11 @@ ALGOS: tuple[config.Algo, ...] = ("ring", "tree")
 # Confidence bins of the reliability table, [lo, hi); the last one also holds 1.0. 0.8 is the
 # confidence from which issue 12 wants verdicts right >= 95 % of the time.
 RELIABILITY_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0))
+
+# The summaries' window as the operator asks for it (trigger_loop.JOBWIDE_WINDOW_S), and the
+# agent's slack for the latest state sample (Service.summaries: two sampling periods).
+SUMMARY_WINDOW_S = 1.0
+SUMMARY_SLACK_S = 0.2
 
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
@@ -192,6 +205,49 @@ def score(
     )
 
 
+class Summaries:
+    """``engine.diagnose``'s ``summaries``: every rank's ``/v1/summaries`` row at tick ``t``, as
+    its node's agent answers (``Service.summaries``): ``summary.summarize`` over the node's
+    records of the last ``SUMMARY_WINDOW_S`` plus slack, the rank's latest completion held
+    (``Window.last_completion``). The bundle gives no sampling times, so ``sampled_ns`` is
+    None (the latest state rows stand for the latest sample: a stale one is told by its age).
+    Ticks must come in increasing order (the latest completions are accumulated)."""
+
+    def __init__(self) -> None:
+        self._prev_ns: int | None = None
+        self._last: dict[int, int] = {}
+        self._nodes: dict[str, list[int]] | None = None
+
+    def __call__(self, bundle: tables.Bundle, t_ns: int) -> list[api.TriggerSummary]:
+        if self._nodes is None:
+            where = placement.Placement.of(bundle.job)
+            self._nodes = {}
+            for r in sorted({int(i.rank) for i in bundle.job.ranks}):
+                self._nodes.setdefault(where.node(r) or "-", []).append(r)
+        ops = bundle.ops
+        new = ops[(ops["ts"] <= t_ns) & (ops["ts"] > (self._prev_ns or -1))]
+        self._prev_ns = t_ns
+        for r, e in zip(new["rank"].tolist(), new["end"].tolist(), strict=True):
+            self._last[r] = max(self._last.get(r, e), e)
+        lo = t_ns - int((SUMMARY_WINDOW_S + SUMMARY_SLACK_S) * 1e9)
+        cut = view.select(bundle, since_ns=lo, until_ns=t_ns)
+        out = []
+        for ranks in self._nodes.values():
+            mine = view.select(cut, ranks=ranks)
+            for r in ranks:
+                got = summary.summarize(
+                    mine,
+                    r,
+                    now_ns=t_ns,
+                    window_s=SUMMARY_WINDOW_S,
+                    sampled_ns=None,
+                    health="live",
+                    last_completion_ns=self._last.get(r),
+                )
+                out.append(got)
+        return out
+
+
 def without_hw(bundle: tables.Bundle) -> tables.Bundle:
     """``bundle`` as if its producer had written no ``hw`` records: rebuilt by the one builder
     from a copy whose hw table is empty, so its string table also loses the hw names (as
@@ -211,7 +267,7 @@ def plan_cases(plan: tuple[tuple[int, int, int], ...]) -> list[Case]:
     return cases
 
 
-def run_case(case: Case, *, strip_hw: bool = False) -> Outcome:
+def run_case(case: Case, *, strip_hw: bool = False, jobwide: bool = True) -> Outcome:
     tp, pp, dp = config.default_parallelism(case.ranks)
     fault = truth.Fault.from_name(case.fault)
     cfg = config.SimConfig(
@@ -229,7 +285,7 @@ def run_case(case: Case, *, strip_hw: bool = False) -> Outcome:
     sim = simulator.simulate(cfg)
     bundle = without_hw(sim.bundle) if strip_hw else sim.bundle
     t1 = time.perf_counter()
-    diag = analysis.diagnose(bundle)
+    diag = analysis.diagnose(bundle, summaries=Summaries() if jobwide else None)
     t2 = time.perf_counter()
     tr = sim.truth
     expected = Expected(
@@ -272,14 +328,14 @@ def read_expected(path: str | os.PathLike[str]) -> Expected:
         raise ValueError(f"{path}: not a truth.json of --bundles ({e!r})") from e
 
 
-def run_bundle(case: BundleCase, *, strip_hw: bool = False) -> Outcome:
+def run_bundle(case: BundleCase, *, strip_hw: bool = False, jobwide: bool = True) -> Outcome:
     t0 = time.perf_counter()
     expected = read_expected(pathlib.Path(case.path) / "truth.json")
     bundle = reader.load(case.path)
     if strip_hw:
         bundle = without_hw(bundle)
     t1 = time.perf_counter()
-    diag = analysis.diagnose(bundle)
+    diag = analysis.diagnose(bundle, summaries=Summaries() if jobwide else None)
     t2 = time.perf_counter()
     variant = " ".join(f"{k}{n}" for k, n in zip(("tp", "pp", "dp"), case.shape, strict=False))
     label = (case.name, case.kind, variant)
@@ -474,6 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         "truth.json}) instead of simulating",
     )
     p.add_argument("--strip-hw", action="store_true", help="drop hw records before analysis")
+    p.add_argument(
+        "--sampled-only",
+        action="store_true",
+        help="replay without the job-wide summaries (the sampled ranks' windows alone)",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     p.add_argument("--json", default=None, help="write every case's outcome to this file")
     p.add_argument("--ties", action="store_true", help="list every case that declared a tie")
@@ -497,7 +558,9 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             p.error(str(e))
         families = list(dict.fromkeys(c.kind for c in found))
-        run: Callable[[Any], Outcome] = functools.partial(run_bundle, strip_hw=args.strip_hw)
+        run: Callable[[Any], Outcome] = functools.partial(
+            run_bundle, strip_hw=args.strip_hw, jobwide=not args.sampled_only
+        )
         items: Sequence[Any] = found
         source, variant = f"bundles in {args.bundles}", "shape"
     else:
@@ -511,11 +574,15 @@ def main(argv: list[str] | None = None) -> int:
         # Large cases first so the pool does not end on one long straggler.
         cases.sort(key=lambda c: -c.ranks)
         families = [f for f in truth.FAULT_NAMES if not wanted or f in wanted]
-        run, items = functools.partial(run_case, strip_hw=args.strip_hw), cases
+        run, items = (
+            functools.partial(run_case, strip_hw=args.strip_hw, jobwide=not args.sampled_only),
+            cases,
+        )
         source, variant = "collscope's simulator", "algo"
     outcomes = _map(run, items, args.jobs)
     wall = time.perf_counter() - t0
     stripped = ", hw records stripped" if args.strip_hw else ""
+    stripped += ", sampled ranks only" if args.sampled_only else ", job-wide summaries"
     print(f"# collscope accuracy: {len(outcomes)} cases in {wall:.0f}s with {args.jobs} workers")
     print(f"# source: {source}{stripped}")
     shown = sys.argv[1:] if argv is None else argv

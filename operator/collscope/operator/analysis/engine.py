@@ -24,12 +24,13 @@ and how far the best culprit stands above the next one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
 
+from collscope.nodeagent import api
 from collscope.nodeagent.bundle import tables
 from collscope.operator.analysis import (
     clocks,
@@ -75,8 +76,12 @@ def diagnose(
     settings: AnalysisSettings = AnalysisSettings(),
     *,
     sampled: Sequence[int] | None = None,
+    summaries: Callable[[tables.Bundle, int], Sequence[api.TriggerSummary]] | None = None,
 ) -> diagnosis.Diagnosis:
-    """Replay ``bundle`` tick by tick; diagnose the first anomaly (see module docstring)."""
+    """Replay ``bundle`` tick by tick; diagnose the first anomaly (see module docstring).
+    ``summaries(bundle, t)``: every rank's agent summary at tick ``t`` of the (clock-aligned)
+    bundle, as the operator pulls them for the job-wide hang check (``jobwide``); None: the
+    sampled ranks only."""
     span = bundle.time_span()
     if span is None:
         return diagnosis.Diagnosis(anomaly=False, evidence=["the bundle holds no records"])
@@ -102,7 +107,7 @@ def diagnose(
     for i, t in enumerate(_ticks(bundle, first, last, step, int(settings.idle_replay_s * NS))):
         replayed.append(t)
         state.watch(plan.at(i), watched)
-        hit = state.update(watched, t)
+        hit = state.update(watched, t, None if summaries is None else summaries(bundle, t))
         if hit is None:
             continue
         seen = plan.last_seen(i, hit.ranks) if hit.kind == "slow" else None

@@ -11,6 +11,9 @@ completed nothing since the stall began. We read "no op completed in (t - Δ, t]
 stall itself: a rank that keeps completing work elsewhere is not hung, and waiting a full extra
 window after the threshold would only delay detection. AllReduce of <= 4 bytes is a barrier and
 is ignored (CCL-D §4.2.1). ``at_ns`` is stall start + threshold: when the condition first held.
+Given every rank's summary (``GET /v1/summaries``) the same rule also runs job-wide
+(``jobwide``): the unsampled ranks, with this state's thresholds where it knows the
+communicator and a conservative fallback where it does not.
 
 Slow (Algorithm 1 lines 6-8, plus CCL-D's ratio), per sampled rank over the window (t - Δ, t]:
 
@@ -43,14 +46,16 @@ was not done because each is ~60 lines read together with the streak logic it fe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from collscope.nodeagent import api
 from collscope.nodeagent.bundle import tables
-from collscope.operator.analysis import baseline, inflight
+from collscope.operator.analysis import baseline, inflight, jobwide
 
 NS = 1_000_000_000
 
@@ -214,8 +219,17 @@ class TriggerState:
         # (rank, comm, seq) -> the longest stall its state samples showed, until it completes
         self._op_stall: dict[tuple[int, int, int], int] = {}
         self._stall_seen_ns = -1
+        self.jobwide = jobwide.JobWide(history=settings.hang_history)
+        self._runs: dict[tuple[int, int], set[int]] = {}  # (op, bytes) -> comms that ran it
 
-    def update(self, view: tables.Bundle, t_ns: int) -> TriggerResult | None:
+    def update(
+        self,
+        view: tables.Bundle,
+        t_ns: int,
+        summaries: Sequence[api.TriggerSummary] | None = None,
+    ) -> TriggerResult | None:
+        """One tick: ``view``, the sampled ranks' records; ``summaries``, when pulled, every
+        rank's summary at this tick for the job-wide hang check (``jobwide``)."""
         ops = view.ops[np.isin(view.ops["rank"], self.sampled) & (view.ops["ts"] <= t_ns)]
         states = view.states["rank"]
         st_keep = np.isin(states, self.sampled)
@@ -230,6 +244,9 @@ class TriggerState:
         )
         self._note_episodes(sub, t_ns)
         hang, stalled_any = self._hang(view, now, ops, t_ns)
+        wide = None if summaries is None else self._jobwide(view, summaries, t_ns)
+        if wide is not None and (hang is None or wide.at_ns < hang.at_ns):
+            hang = wide  # the rank that stalled first, sampled or not
         if hang is not None:
             return hang
         if stalled_any:
@@ -304,6 +321,9 @@ class TriggerState:
         for r, ts in zip(new["rank"].tolist(), new["ts"].tolist(), strict=True):
             self._first_ns.setdefault(r, ts)
         self.base.learn_ops(new)
+        runs = zip(new["op"].tolist(), new["bytes"].tolist(), new["comm"].tolist(), strict=True)
+        for o, b, c in set(runs):
+            self._runs.setdefault((o, b), set()).add(c)
         keys = zip(new["rank"].tolist(), new["comm"].tolist(), new["seq"].tolist(), strict=True)
         for key in keys:
             stall = self._op_stall.pop(key, None)
@@ -393,6 +413,59 @@ class TriggerState:
             seq=int(now.seq[i]),
             reason=reason,
         ), True
+
+    def _jobwide(
+        self, view: tables.Bundle, rows: Sequence[api.TriggerSummary], t_ns: int
+    ) -> TriggerResult | None:
+        """The job-wide check (``jobwide``) with this trigger's thresholds where its baselines
+        know the communicator: a hang of unsampled ranks."""
+        s = self.s
+        floor, add_p99 = self.hang_floor_ns()
+        index = {c: i for i, c in enumerate(view.comm_ids)}
+
+        def known(comm: str) -> int | None:
+            i = index.get(comm)
+            if i is None or self.base.durations_seen(i) == 0:
+                return None
+            return self.base.stall_threshold_ns(
+                i, floor_ns=floor, k=s.hang_k, add_p99=add_p99, min_stalls=s.stall_min_ops
+            )
+
+        def twin(op: str, nbytes: int) -> int | None:
+            o = view.string_index(op)
+            if op in _P2P or o is None:
+                return None
+            thr = [t for c in self._runs.get((o, nbytes), ()) if (t := known(view.comm_id(c)))]
+            return max(thr, default=None)
+
+        limits = jobwide.Limits(
+            floor_ns=floor, k=s.hang_k, interval_ns=self.interval_ns,
+            max_age_intervals=s.state_max_age_intervals, period_ns=self.base.period_ns(),
+            periods=s.episode_window_periods, min_ops=s.stall_min_ops,
+            barrier_max_bytes=s.barrier_max_bytes, known=known, twin=twin,
+        )  # fmt: skip
+        hits = self.jobwide.update(rows, t_ns, limits, skip=set(self.sampled.tolist()))
+        if not hits:
+            return None
+        h = hits[0]
+        how = {
+            "known": "its communicator's",
+            "twin": "a sampled communicator running the same collective's",
+        }.get(h.source, "the fallback: no sampled member, no sampled twin")
+        return TriggerResult(
+            kind="hang",
+            at_ns=h.at_ns,
+            tick_ns=t_ns,
+            since_ns=h.since_ns,
+            ranks=tuple(sorted({x.rank for x in hits if x.comm == h.comm})),
+            comm=index.get(h.comm),
+            seq=h.seq,
+            reason=(
+                f"rank {h.rank} (not sampled: job-wide summary) has {h.op} seq {h.seq} on "
+                f"comm {h.comm} in flight with no progress for {h.stalled_ns / NS:.1f} s "
+                f"(threshold {h.threshold_ns / NS:.1f} s, {how})"
+            ),
+        )
 
     # -- bursty stalls ---------------------------------------------------------------------------
     def _note_episodes(self, view: tables.Bundle, t_ns: int) -> None:
@@ -658,6 +731,11 @@ class TriggerState:
                 )
             )
         return out
+
+
+# NCCL's point-to-point operations: a receive waits for its sender's compute, which differs by
+# pipeline stage, so it never borrows another communicator's threshold.
+_P2P = frozenset({"Send", "Recv"})
 
 
 def _only_states(view: tables.Bundle, keep: npt.NDArray[np.bool_]) -> tables.Bundle:

@@ -121,6 +121,19 @@ class AgentClient:
         """``GET /v1/ranks``: the rings on the node with identity and health."""
         return _parse(api.RanksResponse, await self._get("/v1/ranks", {}), self._url("/v1/ranks"))
 
+    async def summaries(
+        self,
+        ranks: Sequence[int],
+        *,
+        window_s: float,
+        workloads: Sequence[str] | None = None,
+    ) -> api.SummariesResponse:
+        """``GET /v1/summaries``: per rank its completions over the last ``window_s`` and the
+        operation in flight at its latest sample (``api.TriggerSummary``)."""
+        params = {"ranks": _csv(ranks), "window_s": f"{window_s:g}"} | _named(workloads)
+        body = await self._get("/v1/summaries", params)
+        return _parse(api.SummariesResponse, body, self._url("/v1/summaries"))
+
     async def window_lines(
         self,
         ranks: Sequence[int],
@@ -428,6 +441,38 @@ async def pull_window(
                 failed.append(Unreachable(node, f"its /v1/window is not bundle-v1: {e}"))
                 del answers[node]
         return _merge(job, answers, lost), failed
+
+
+async def pull_summaries(
+    clients: Mapping[str, AgentClient],
+    ranks_by_node: Mapping[str, Sequence[int]],
+    workloads: Mapping[str, Sequence[str]] | None = None,
+    *,
+    window_s: float,
+) -> tuple[list[api.TriggerSummary], list[Unreachable]]:
+    """Every rank of ``ranks_by_node``'s summary from its node's agent, in parallel, for the
+    job-wide hang check (``analysis.jobwide``): the rows in (rank, workload) order and the nodes
+    that failed, as ``pull_window`` reports them (a node without a client included). A row of a
+    workload not asked for (an agent that ignores the parameter) is dropped."""
+    calls = {
+        node: clients[node].summaries(
+            ranks, window_s=window_s, workloads=(workloads or {}).get(node)
+        )
+        for node, ranks in ranks_by_node.items()
+        if node in clients and ranks
+    }
+    got, failed = await gather(calls)
+    failed += [
+        Unreachable(n, "no agent known on this node") for n in ranks_by_node if n not in clients
+    ]
+    rows = []
+    for node, resp in got.items():
+        named = set((workloads or {}).get(node) or ())
+        rows += [
+            s for s in resp.summaries if not named or s.workload is None or s.workload in named
+        ]
+    rows.sort(key=lambda s: (s.rank, s.workload or ""))
+    return rows, failed
 
 
 def _merge(

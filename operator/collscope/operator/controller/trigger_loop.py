@@ -22,7 +22,9 @@ handler, runs it and then steps 5 and 6. One tick:
    rank joins, so that it brings its history) are pulled from their agents in parallel
    (``agents.pull_window``), numbered like the previous ticks' (``numbering``) and fed to the
    job's ``analysis.trigger.TriggerState`` (kept in ``OperatorState.jobs``), which runs
-   Mycroft Algorithm 1; a trigger is given its incident (below);
+   Mycroft Algorithm 1; every rank's summary (``agents.pull_summaries``, ``/v1/summaries``)
+   goes with it for the job-wide hang check (``analysis.jobwide``); a trigger is given its
+   incident (below);
 5. on a trigger, a Diagnosis named after the incident is created (409 = already open: one per
    job and incident; a slowdown's incident is an episode of its communicator, so a second
    slowdown there after the first one ended opens a new one); ``diagnosis_handlers``
@@ -32,6 +34,10 @@ handler, runs it and then steps 5 and 6. One tick:
    ``Slow`` conditions, ``AgentsReachable`` naming unreachable nodes, the last trigger and its
    Diagnosis; ``status.trainingjob_status``, bounded whatever the job's size) is patched when
    it changed. An unreachable agent is never fatal.
+
+Why one module: it is the tick, one path from discovery to the status patch, and ``step`` is
+shared with the one-box; the Diagnosis creation, retention and status it ends in are read
+with it.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ from collscope.operator.domain import (
 )
 
 NS = 1_000_000_000
+# The completion window of the job-wide summaries: the check reads only each rank's operation in
+# flight and its latest completion, so one tick's worth keeps the agents' work small.
+JOBWIDE_WINDOW_S = 1.0
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
@@ -218,10 +227,15 @@ async def step(
         out.error = e
         return out
     unreachable += failed
+    rows, more = await agents.pull_summaries(
+        clients_of(state, key), jobs.by_node(rt.ranks, rt.ranks),
+        jobs.workloads_by_node(rt.ranks), window_s=JOBWIDE_WINDOW_S,
+    )  # fmt: skip
+    unreachable += [f for f in more if f.node not in {u.node for u in unreachable}]
     if len(failed) < len(jobs.by_node(sample, rt.ranks)):
         out.bundle = bundle = rt.numbering.apply(bundle)
         rt.state.watch(tuple(int(r) for r in sample), bundle)
-        out.hit = hit = rt.state.update(bundle, t_ns)
+        out.hit = hit = rt.state.update(bundle, t_ns, rows)
         out.health = "Healthy" if hit is None else ("Hung" if hit.kind == "hang" else "Slow")
         if hit is not None:  # before ``advance``: a slowdown's episode counts the ticks run
             comm = None if hit.comm is None else bundle.comm_id(hit.comm)

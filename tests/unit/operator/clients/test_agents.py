@@ -417,3 +417,58 @@ def test_pull_window_names_the_jobs_workloads_to_agents_that_key_by_them() -> No
     )
     assert seen["node-0"]["workloads"] == "uid-a,uid-b" and seen["node-0"]["ranks"] == "0,1"
     assert "workloads" not in seen["node-1"]
+
+
+def summary_body(ranks: list[int], workload: str) -> dict[str, object]:
+    rows: list[dict[str, object]] = [
+        {
+            "rank": r,
+            "window_s": 1.0,
+            "from_ns": T0 - 10**9,
+            "to_ns": T0,
+            "health": "live",
+            "completed_ops": 0,
+            "completed_bytes": 0,
+            "throughput_bytes_per_s": 0.0,
+            "mean_op_interval_ns": None,
+            "last_completion_ns": T0 - 5,
+            "comms": [],
+            "in_flight": [],
+            "workload": workload,
+        }
+        for r in ranks
+    ]
+    return {"api": "v1", "node": "node-1", "now_ns": T0, "summaries": rows}
+
+
+def test_pull_summaries_gathers_every_node_and_names_failed_ones() -> None:
+    """Each node is asked for its ranks, the job's workloads and the window; the rows come
+    back in rank order; a node whose agent fails and one without a client are reported."""
+    seen: list[httpx.Request] = []
+
+    def agent_of(ranks: list[int]) -> Handler:
+        def handler(req: httpx.Request) -> httpx.Response:
+            seen.append(req)
+            assert req.url.path == "/v1/summaries"
+            other = summary_body([99], "other")["summaries"]
+            body = summary_body(ranks, "ns/llama")
+            body["summaries"] = [*body["summaries"], *other]  # type: ignore[misc]
+            return httpx.Response(200, json=body)
+
+        return handler
+
+    down = client(lambda req: httpx.Response(503, json={"error": "busy"}), retries=0)
+    clients = {"node-0": client(agent_of([2, 0])), "node-1": client(agent_of([1])), "n-2": down}
+    rows, failed = asyncio.run(
+        agents.pull_summaries(
+            clients,
+            {"node-0": [0, 2], "node-1": [1], "n-2": [3], "node-9": [5]},
+            {"node-0": ["ns/llama"], "node-1": ["ns/llama"]},
+            window_s=1.0,
+        )
+    )
+    assert [r.rank for r in rows] == [0, 1, 2]  # rank 99 is another workload's
+    assert sorted(f.node for f in failed) == ["n-2", "node-9"]
+    params = sorted((r.url.params["ranks"], r.url.params["window_s"]) for r in seen)
+    assert params == [("0,2", "1"), ("1", "1")]
+    assert {r.url.params["workloads"] for r in seen} == {"ns/llama"}

@@ -446,7 +446,7 @@ class ScriptedTrigger:
 
         self.sampled = np.asarray(sorted(sampled), dtype=np.int32)
 
-    def update(self, view: Any, t_ns: int) -> Any:
+    def update(self, view: Any, t_ns: int, summaries: Any = None) -> Any:
         from collscope.operator.analysis import trigger
 
         self.updates += 1
