@@ -17,7 +17,13 @@ trigger would apply, and it only exists where enough is known:
   the longest stall this check itself saw any member's completed operation show. The second
   term covers roles the sampled members do not play (a pipeline receiver waits where its
   sampled sender does not).
-- *Unknown communicator* (no sampled member, e.g. the DP group of an unsampled pipeline stage):
+- *A collective with a sampled twin* (no sampled member, but a sampled communicator ran the
+  same collective with the same bytes: the DP groups of one stage run one program, and a
+  collective's stall is its members' arrival skew): the largest of those twins' trigger
+  thresholds, at least ``floor`` and k times the longest stall seen of this communicator, once
+  ``stall_min_ops`` of its completed operations were seen. Send and Recv never borrow: a
+  receive waits for its sender's compute, which differs by pipeline stage.
+- *Unknown communicator* (no sampled member, no twin, e.g. an unsampled stage's pipeline comm):
   only what the summaries taught. A completed operation's longest stall L is bounded by what
   the ticks saw of it: a stall longer than the tick spacing contains a tick at most one
   spacing before it ended, so L <= observed + spacing; one never seen in flight lasted less
