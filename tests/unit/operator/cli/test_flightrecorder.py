@@ -29,7 +29,7 @@ from collscope.operator.clients import agents
 from collscope.operator.domain import settings
 
 ACCESS = settings.AgentSettings()
-MAKE_DUMPS = pathlib.Path(__file__).parents[2] / "fixtures" / "flightrecorder" / "make_dumps.py"
+MAKE_DUMPS = pathlib.Path(__file__).parents[3] / "fixtures" / "flightrecorder" / "make_dumps.py"
 
 
 def client(node: str, answer: Mapping[str, Any], asked: list[dict[str, Any]]) -> Any:

@@ -17,7 +17,7 @@ import pytest
 from collscope.nodeagent import frdump
 from collscope.operator.domain import flightrecorder
 
-MAKE_DUMPS = pathlib.Path(__file__).parents[2] / "fixtures" / "flightrecorder" / "make_dumps.py"
+MAKE_DUMPS = pathlib.Path(__file__).parents[3] / "fixtures" / "flightrecorder" / "make_dumps.py"
 
 
 def dump(
