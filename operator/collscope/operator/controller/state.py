@@ -104,8 +104,10 @@ class OperatorState:
 
     def forget_diagnosis(self, key: str) -> None:
         """A deleted Diagnosis (``diagnosis_key``): its pending re-check goes, since kopf never
-        comes back to a Diagnosis that is gone."""
+        comes back to a Diagnosis that is gone, and so does its mark as analysed (a Diagnosis
+        made again under the same name has another uid, hence another key)."""
         self.confirmations.pop(key, None)
+        self.diagnoses_seen.discard(key)
 
 
 def diagnosis_key(namespace: str | None, name: str, uid: object) -> str:
