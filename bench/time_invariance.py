@@ -3,12 +3,15 @@
     .venv/bin/python bench/time_invariance.py                    # 16 ranks, the grid below
     .venv/bin/python bench/time_invariance.py --ranks 64 --pp 2  # TP8 x PP2 x DP4
     .venv/bin/python bench/time_invariance.py --faults none,pcie-downgrade --scales 1,50
+    .venv/bin/python bench/time_invariance.py --sampled-only     # no job-wide summaries
 
 Each case simulates one job with collscope's simulator (the fault on a seeded rank, onset at
 60 % of the run, at least 20 steps) where every rank samples its state on its own phase
 (``SimConfig.sample_phase``), node clocks disagree by up to ``--skew`` ms, compute spans jitter
 by 0, 3 or 5 % (seed mod 3), and the compute of every step is scaled by ``--scales`` (a step
-lasts ~0.16 s x scale: 0.3 -> ~50 ms, 63 -> ~10 s). It then runs ``analysis.engine.diagnose``
+lasts ~0.16 s x scale: 0.3 -> ~50 ms, 63 -> ~10 s). It then runs ``analysis.engine.diagnose``,
+fed every rank's job-wide summary each tick exactly as bench/accuracy.py does
+(``accuracy.Summaries()``; ``--sampled-only``: the sampled ranks' windows alone, as before),
 and counts a case right when the top culprit is a truth culprit and the category is the
 expected one (a fault-free case: no anomaly). The unit test
 ``tests/unit/operator/analysis/test_time_invariance.py`` draws the same shifts with hypothesis
@@ -24,10 +27,16 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING
 
 from collscope.operator.analysis import engine
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
+
+if TYPE_CHECKING:  # mypy reads bench/ as the namespace package ``bench``
+    from bench import accuracy
+else:  # run as a script: its own directory, bench/, is on sys.path
+    import accuracy
 
 STEP_S_PER_SCALE = 0.16
 JITTERS = (0.0, 0.03, 0.05)
@@ -42,6 +51,7 @@ class Case:
     seed: int
     ranks: int
     pp: int
+    jobwide: bool = True
 
 
 def run(c: Case) -> tuple[Case, bool, str]:
@@ -69,7 +79,7 @@ def run(c: Case) -> tuple[Case, bool, str]:
             workload=w,
         )
     )
-    d = engine.diagnose(sim.bundle)
+    d = engine.diagnose(sim.bundle, summaries=accuracy.Summaries() if c.jobwide else None)
     tr = sim.truth
     if tr.expected_category is None:
         ok = not d.anomaly
@@ -89,10 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0,1,2", help="seeds (jitter = seed mod 3)")
     p.add_argument("--ranks", type=int, default=16)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument(
+        "--sampled-only",
+        action="store_true",
+        help="replay without the job-wide summaries (the sampled ranks' windows alone)",
+    )
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     a = p.parse_args(argv)
     cases = [
-        Case(f, float(sc), float(iv), a.skew, int(sd), a.ranks, a.pp)
+        Case(f, float(sc), float(iv), a.skew, int(sd), a.ranks, a.pp, not a.sampled_only)
         for f, sc, iv, sd in itertools.product(
             a.faults.split(","), a.scales.split(","), a.intervals.split(","), a.seeds.split(",")
         )
@@ -101,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         results = list(pool.map(run, cases))
     print(f"# time invariance: {len(cases)} cases in {time.perf_counter() - t0:.0f}s")
-    print(f"# command: {' '.join(sys.argv)}\n")
+    print(f"# command: {' '.join(sys.argv)}")
+    print(f"# replay: {'sampled ranks only' if a.sampled_only else 'job-wide summaries'}\n")
     print("| fault | " + " | ".join(f"scale {s}" for s in a.scales.split(",")) + " |")
     print("|---" * (1 + len(a.scales.split(","))) + "|")
     for f in a.faults.split(","):
