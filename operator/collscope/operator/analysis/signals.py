@@ -19,7 +19,11 @@
   state of an operation, a send flow holding many more chunks sent-but-unacknowledged than its
   siblings is on a slow path; both endpoints count. And proxy stalls (#7): a local
   "not transmitted" flow (receiver had buffers) idle for ``host_stall`` or longer, charged to
-  the receiver instead when it has not yet noticed chunks the sender delivered.
+  the receiver instead when it has not yet noticed chunks the sender delivered. A stall is
+  measured to its catching up (``catch_up``), not only to the sample that caught it: a state
+  sample sees a stall some phase of the sampling interval after it began, so ``idle_ns``
+  alone makes a 0.4 s stall look 0.2 s long at 200 ms sampling, and one op's stall per step
+  (long steps) then never counts.
 """
 
 from __future__ import annotations
@@ -163,6 +167,50 @@ def _complete(r: rounds.Rounds, size: dict[Key, int]) -> npt.NDArray[np.bool_]:
     )
 
 
+def catch_up(bundle: tables.Bundle, rows: npt.NDArray[np.intp], usual_ns: dict[Key, float]) -> I64:
+    """Per state row of ``rows``: how long its operation's stall lasted after the sample.
+
+    Straggler step 1's "then catching up" (Mycroft #7): once a stalled proxy resumes, the
+    chunks it held go out at once and the operation completes within its usual transfer time
+    ``u`` (``usual_ns`` by (comm, op, bytes): CCL-D Tmin of the baseline rounds). So when a
+    sample at ``ts`` is the operation's *last* (no later sample of it tells more) and the
+    operation completed at ``end``, the stall ran on until at least ``end - u``: it lasted
+    ``idle + (end - ts - u)``, whatever the sampling interval and phase. 0 where the operation
+    was sampled again (that sample's idle speaks), has not completed (it may be a hang) or has
+    no known ``u``. The flows' rule (``flows``) only applies it to a flow frozen at the sample
+    for longer than ``u``: a flow that moves slowly (a slow NIC) is not stalled, and its
+    remaining transfer takes longer than ``u``, which would pass for a stall.
+    """
+    out = np.zeros(len(rows), dtype=np.int64)
+    if len(rows) == 0 or not usual_ns:
+        return out
+    st_all = bundle.states
+    key_all = np.stack([st_all["rank"], st_all["comm"], st_all["seq"]], axis=1).astype(np.int64)
+    uniq, inv = np.unique(key_all, axis=0, return_inverse=True)
+    last = np.full(len(uniq), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, inv.reshape(-1), st_all["ts"].astype(np.int64))
+    ops = bundle.ops
+    end_of = {
+        (int(r), int(c), int(q)): int(e)
+        for r, c, q, e in zip(
+            ops["rank"].tolist(), ops["comm"].tolist(), ops["seq"].tolist(),
+            ops["end"].tolist(), strict=True,
+        )
+    }  # fmt: skip
+    st = st_all[rows]
+    inv_rows = inv.reshape(-1)[rows]
+    for i in range(len(rows)):
+        ts = int(st["ts"][i])
+        if ts < int(last[inv_rows[i]]):
+            continue
+        end = end_of.get((int(st["rank"][i]), int(st["comm"][i]), int(st["seq"][i])))
+        u = usual_ns.get((int(st["comm"][i]), int(st["op"][i]), int(st["bytes"][i])))
+        if end is None or u is None or end < ts:
+            continue
+        out[i] = max(0, int(end - ts - u))
+    return out
+
+
 @dataclass(frozen=True)
 class FlowSignals:
     slow_path: F64  # per rank: send flows far more backlogged than their siblings (endpoints)
@@ -178,8 +226,13 @@ def flows(
     interval_ns: int,
     host_stall_ns: float,
     min_chunks: float,
+    catch_up_ns: I64 | None = None,
+    usual_ns: dict[Key, float] | None = None,
 ) -> FlowSignals:
-    """Flow-level signals over the state records ``rows`` (see module docstring)."""
+    """Flow-level signals over the state records ``rows`` (see module docstring).
+    ``catch_up_ns`` (per row, ``catch_up``) and ``usual_ns`` (the usual transfer time by
+    (comm, op, bytes)) lengthen a frozen flow's stall to its catching up; None: the
+    sample's idle only."""
     z = np.zeros(len(ranks))
     if len(rows) == 0:
         return FlowSignals(z, z.copy(), z.copy())
@@ -211,7 +264,8 @@ def flows(
         _add(slow, ranks, ft.sender[snd][hot], 1.0)
         _add(slow, ranks, ft.receiver[snd][hot], np.where(local, 0.5, 1.0))
     host = np.zeros(len(ranks))
-    stalled = ft.send & v.not_transmitted & v.net_blocked & (ft.idle >= host_stall_ns)
+    stall = _stall_ns(bundle, rows, ft, catch_up_ns, usual_ns or {})
+    stalled = ft.send & v.not_transmitted & v.net_blocked & (stall >= host_stall_ns)
     # A receiver that has not noticed every chunk the sender delivered (its "arrived" behind
     # the sender's "done") is the one whose proxy is stuck: its frozen buffer count only looks
     # free. Otherwise the sending proxy holds a ready chunk with a buffer waiting: local cause.
@@ -227,8 +281,28 @@ def flows(
     drained[has] = (ft.posted[m[has]] == ft.consumed[m[has]]) & (
         ft.posted[m[has]] < ft.total[m[has]]
     )
-    rx_stalled = ft.send & v.receiver_not_ready & drained & (ft.idle >= host_stall_ns)
+    rx_stalled = ft.send & v.receiver_not_ready & drained & (stall >= host_stall_ns)
     _add(host, ranks, ft.receiver[rx_stalled], 1.0)
     samples = np.zeros(len(ranks))
     _add(samples, ranks, bundle.states["rank"][rows].astype(np.int64), 1.0)
     return FlowSignals(slow, host, samples)
+
+
+def _stall_ns(
+    bundle: tables.Bundle,
+    rows: npt.NDArray[np.intp],
+    ft: chunks.FlowTable,
+    catch_up_ns: I64 | None,
+    usual_ns: dict[Key, float],
+) -> I64:
+    """Per flow row: how long it stood still, the sample's idle plus, for a flow frozen longer
+    than its operation's usual transfer time, the stall's run to the catching up."""
+    if catch_up_ns is None:
+        return ft.idle
+    st = bundle.states[rows]
+    reps = (st["flow_hi"] - st["flow_lo"]).astype(np.int64)
+    extra = np.repeat(catch_up_ns, reps)
+    keys = zip(st["comm"].tolist(), st["op"].tolist(), st["bytes"].tolist(), strict=True)
+    u = np.repeat(np.asarray([usual_ns.get(k, np.inf) for k in keys], dtype=np.float64), reps)
+    frozen = ft.idle > u
+    return np.where(frozen, ft.idle + extra, ft.idle)

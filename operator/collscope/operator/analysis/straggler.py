@@ -5,7 +5,11 @@ Input: the window (since, t] of every rank and the history before it (the baseli
 ``signals`` turns them into per-rank evidence; this module decides:
 
 1. proxy stalls (bursty: flows idle ``host_stall_s`` with data ready and the receiver ready,
-   then catching up) => ``slow.host``, the stalling rank (Mycroft #7);
+   then catching up) => ``slow.host``, the stalling rank (Mycroft #7). The stall's length
+   runs to its catching up (``signals.catch_up``: the operation's completion less its usual
+   transfer time), not to the sample that caught it: with long steps the proxy stalls the
+   one short operation of a step it hits, and a sample catches it at a random phase of the
+   sampling interval;
 2. *compute* evidence = unexplained late starts (Mycroft "constant late starts", at least
    ``min_late_rounds``); *network* evidence = the rank's communicators' transfer time (CCL-D
    Tmin) rose, refined by flows more backlogged than their siblings (Mycroft Table 3/4);
@@ -50,7 +54,9 @@ class StragglerSettings:
     ``net_slowdown`` a transfer time with its own baseline (scale-free ratios; 3x and 1.5x are
     rounded choices, not derived). Measured: ``host_stall_s`` (0.3 s) lies between the idle
     time of healthy flows (at most 0.20 s in eval-dev's fault-free cases) and Mycroft #7's
-    1 s proxy sleep, which then shows in several samples; it assumes sampling near 100 ms.
+    1 s proxy sleep; it bounds a stall's length measured to its catching up
+    (``signals.catch_up``), so it holds at any sampling interval (it assumed ~100 ms while
+    it bounded the sampled idle: at 200 ms a 0.37 s stall was seen 0.21 s long).
     Not derived, picked on collscope's own simulator and kept because eval-dev agrees (20/20
     with ``bench/accuracy.py --bundles ../shared/eval-dev``): the absolute floors
     ``late_min_s`` (2 ms) and ``net_min_excess_s`` (1 ms), which only matter for operations
@@ -198,6 +204,7 @@ def _analyze(
     rows = np.flatnonzero(
         (st["ts"] > since_ns) & (st["ts"] <= t_ns) & (st["flow_hi"] > st["flow_lo"])
     )
+    usual = signals.by_key(base, base.r_tmin)  # each operation's usual transfer time
     fl = signals.flows(
         bundle,
         rows,
@@ -205,6 +212,8 @@ def _analyze(
         interval_ns=interval_ns,
         host_stall_ns=s.host_stall_s * NS,
         min_chunks=s.slow_path_chunks,
+        catch_up_ns=signals.catch_up(bundle, rows, usual),
+        usual_ns=usual,
     )
     ev.ranks, ev.late, ev.net, ev.host = ranks, late, net, fl.host
     if fl.host.max() >= s.host_min_samples:

@@ -275,3 +275,80 @@ def test_slow_hop_not_transmitted_with_buffers_posted_weighs_on_the_sender() -> 
         min_chunks=4.0,
     )
     assert fl.slow_path.tolist() == [0.0, 1.0, 0.5, 0.0]
+
+
+def _stall_caught_early(*, idle_ns: int, end_ns: int, sampled_again: bool = False) -> tables.Bundle:
+    """Rank 1 holds 8 ready chunks for rank 2, which has buffers posted (a local stall of rank
+    1's proxy); one sample at 2 s sees it frozen for ``idle_ns``; the Send completes at
+    ``end_ns`` (its usual transfer: 1 ms). ``sampled_again``: a later sample (frozen no more)."""
+    b = tables.BundleBuilder(models.Job(world_size=3))
+    samples = [(2 * S, (0, 2, tables.SEND, 16, 8, 0, -1, 0, -1, idle_ns), (8, 0, 0, idle_ns))]
+    if sampled_again:
+        samples.append(
+            (2 * S + 150 * MS, (0, 2, tables.SEND, 16, 16, 12, -1, 12, -1, 0), (16, 12, 12, 0))
+        )
+    for ts, snd, (posted, done, consumed, idle) in samples:
+        rcv = (0, 1, tables.RECV, 16, -1, -1, posted, done, consumed, idle)
+        for rank, flow in ((1, snd), (2, rcv)):
+            b.add_state(
+                rank=rank, ts=ts, comm="0xa", seq=2, op="Send", nbytes=8, start=S, flows=[flow]
+            )
+    b.add_op(rank=1, ts=end_ns, comm="0xa", seq=2, op="Send", nbytes=8, start=S, end=end_ns)
+    return b.build()
+
+
+def _host_with_catch_up(bundle: tables.Bundle, usual_ms: float = 1.0) -> list[float]:
+    rows = np.arange(len(bundle.states))
+    op = bundle.string_index("Send")
+    assert op is not None
+    usual = {(0, op, 8): usual_ms * MS}
+    fl = signals.flows(
+        bundle,
+        rows,
+        np.arange(3, dtype=np.int64),
+        interval_ns=200 * MS,
+        host_stall_ns=0.3 * S,
+        min_chunks=4.0,
+        catch_up_ns=signals.catch_up(bundle, rows, usual),
+        usual_ns=usual,
+    )
+    return list(fl.host.tolist())
+
+
+def test_a_proxy_stall_is_measured_to_its_catching_up_not_to_the_sample() -> None:
+    # At 200 ms sampling one sample catches a 0.37 s stall 0.21 s in (the sampling phase); the
+    # Send then completes 0.16 s later, 1 ms (its usual transfer) after the proxy resumed: the
+    # stall lasted 0.21 + 0.16 - 0.001 s >= host_stall (0.3 s), whatever the interval.
+    caught = _stall_caught_early(idle_ns=210 * MS, end_ns=2 * S + 160 * MS)
+    assert _host_with_catch_up(caught) == [0.0, 1.0, 0.0]
+    # The sample alone (no catch-up) saw 0.21 s: below host_stall, the stall went uncounted.
+    fl = signals.flows(
+        caught,
+        np.arange(len(caught.states)),
+        np.arange(3, dtype=np.int64),
+        interval_ns=200 * MS,
+        host_stall_ns=0.3 * S,
+        min_chunks=4.0,
+    )
+    assert not fl.host.any()
+    # A stall that ends at once is short whatever the sample: 0.21 s + 0.05 s - 1 ms.
+    assert _host_with_catch_up(_stall_caught_early(idle_ns=210 * MS, end_ns=2 * S + 50 * MS)) == [
+        0.0,
+        0.0,
+        0.0,
+    ]
+
+
+def test_catch_up_needs_the_last_sample_and_a_frozen_flow() -> None:
+    # A later sample of the operation speaks for itself (it moved again): no catch-up from
+    # the 2 s one; the later one's flow moved (idle 0), so its catch-up is not applied.
+    again = _stall_caught_early(idle_ns=210 * MS, end_ns=2 * S + 300 * MS, sampled_again=True)
+    op = again.string_index("Send")
+    assert op is not None
+    extra = signals.catch_up(again, np.arange(len(again.states)), {(0, op, 8): MS})
+    assert extra[again.states["ts"] == 2 * S].tolist() == [0, 0]
+    assert _host_with_catch_up(again) == [0.0, 0.0, 0.0]
+    # A flow that last moved 20 ms ago, in an operation that usually takes 50 ms, is moving
+    # slowly (a slow NIC), not stalled: its late completion is slow transfer, not a catch-up.
+    slow = _stall_caught_early(idle_ns=20 * MS, end_ns=2 * S + 400 * MS)
+    assert _host_with_catch_up(slow, usual_ms=50.0) == [0.0, 0.0, 0.0]
