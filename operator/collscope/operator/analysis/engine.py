@@ -53,19 +53,43 @@ NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class AnalysisSettings:
-    """Every threshold of analysis, grouped by stage; defaults tuned on the simulator."""
+    """Every threshold of analysis, grouped by stage. Each says which quantity it stands for
+    and where its value comes from (issue 12 item 5): a paper, a fact of the protocol or of
+    collscope's own agent, or, said as such, picked on collscope's own simulator and kept
+    because eval-dev (``bench/accuracy.py --bundles ../shared/eval-dev``) agrees. Durations
+    that must hold steps scale with the measured step (``baseline.period_ns``), and those
+    that must hold state samples with the measured sampling interval
+    (``inflight.infer_interval_ns``)."""
 
-    tick_s: float = 1.0  # the operator's trigger tick (docs/design.md, "Data path" 5)
-    idle_replay_s: float = 300.0  # ticks replayed after the last record before a gap: past
-    # every hang threshold (a 10 s-step pipeline's is well under a minute); the rest of a gap
-    # holds no data and is skipped, so ticks are bounded by the records, not by the span
+    # The operator's trigger tick (docs/design.md, "Data path" 5): how often it pulls the
+    # sampled ranks' windows. The replay ticks as the operator does. A time of the operator,
+    # not of the job: the trigger's windows span whole steps whatever the tick.
+    tick_s: float = 1.0
+    # Ticks replayed after the last record before a gap (the rest of a gap holds no data and
+    # is skipped, so ticks are bounded by the records, not by the span). It must outlast every
+    # hang threshold, max(floor + usual stall, hang_k x p99 of durations): 300 s covers a
+    # pipeline receive that waits up to 75 s every step (hang_k = 4). Picked; steps of a
+    # minute or more would need it larger.
+    idle_replay_s: float = 300.0
     max_sampled: int = 10  # Mycroft §4.3: at most 10 ranks watched at each tick
-    hang_window_s: float = 2.0  # Δ of the failure window (t - Δ, t] (Mycroft §5.1)
-    hang_lookback_s: float = 1.0  # ... reaching at least this far before the stall began
-    slow_baseline_s: float = 4.0  # history before a slowdown its baseline is learned from ...
-    slow_baseline_periods: float = 4.0  # ... and at least this many steps of the job: late
-    # starts and transfer times are compared with the same rounds before, and a job with 10 s
-    # steps has none in 4 s (the step period is the trigger's, ``baseline.period_ns``)
+    # Δ of the failure window (t - Δ, t] (Mycroft §5.1): the records the hang analysis reads.
+    # It only needs each rank's latest state and completions at t, and reaches back past the
+    # stall's start anyway (below), so it does not hold steps. 2 s picked (Mycroft's Δ is not
+    # given); eval-dev agrees (8/8 hangs).
+    hang_window_s: float = 2.0
+    # ... reaching at least this far before the stall began, and at least this many measured
+    # sampling intervals: the window must hold the last samples that showed the stuck ranks
+    # moving (a sample up to trigger.state_max_age_intervals intervals old is current), so at
+    # slow sampling one second would hold none. 1 s picked; unchanged up to 500 ms sampling.
+    hang_lookback_s: float = 1.0
+    hang_lookback_intervals: float = 2.0
+    # History before a slowdown its baseline is learned from (late starts' arrival spread,
+    # CCL-D Tmin per round) ... and at least this many steps of the job: late starts and
+    # transfer times are compared with the same rounds before, and a job with 10 s steps has
+    # none in 4 s (the step period is the trigger's, ``baseline.period_ns``). Four steps: a
+    # median of four rounds of each operation survives one odd step. Picked.
+    slow_baseline_s: float = 4.0
+    slow_baseline_periods: float = 4.0
     trigger: trigger.TriggerSettings = field(default_factory=trigger.TriggerSettings)
     failure: failure.FailureSettings = field(default_factory=failure.FailureSettings)
     straggler: straggler.StragglerSettings = field(default_factory=straggler.StragglerSettings)
@@ -230,9 +254,10 @@ def _hang_finding(
     longer than their own compute phases (not stuck yet: replay goes on). Appends to
     ``evidence``."""
     t = hit.tick_ns
-    since = min(
-        t - int(settings.hang_window_s * NS), hit.since_ns - int(settings.hang_lookback_s * NS)
+    lookback = max(
+        int(settings.hang_lookback_s * NS), int(settings.hang_lookback_intervals * interval)
     )
+    since = min(t - int(settings.hang_window_s * NS), hit.since_ns - lookback)
     window = view.select(bundle, since_ns=since, until_ns=t)
     hint = None if hit.comm is None or hit.seq is None else (hit.comm, hit.seq)
     # A dead, frozen or lost rank first (``liveness``): its peers' traces look like H3.

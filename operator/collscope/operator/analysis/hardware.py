@@ -118,6 +118,8 @@ def judge(
         where.culprit(int(ranks[i]), component="gpu", score=1.0 - float(progress[i]), comm=comm_id)
         for i in order[:4]
     ]
+    # MinData (CCL-D's fewest Send/RecvCount) ranks, it does not observe: margin and coverage
+    # capped at 0.5 keep its confidence <= 0.5 (issue 12 item 2). A calibration cap, picked.
     return Verdict(Cat.HANG_GPU, culprits, ev, min(gap, 0.5), with_flows * 0.5)
 
 

@@ -55,7 +55,9 @@ NS: Final = 1_000_000_000
 SILENT_NS: Final = NS
 # A hang's onset as the trigger sees it is the last progress in 10 Hz state samples, on the
 # clock of another node (tens of ms apart): up to a sampling interval plus the skew after the
-# culprit stopped beating. 1 s covers both with room and is far shorter than any watchdog
+# culprit stopped beating. 1 s covers both with room for sampling intervals up to ~0.9 s
+# (COLLSCOPE_SAMPLE_INTERVAL_S, 0.1 s by default; a slower one needs it larger: not derived
+# from the measured interval yet) and is far shorter than any watchdog
 # (PyTorch's NCCL watchdog waits minutes) that would kill a process because of the hang.
 ONSET_SLACK_NS: Final = NS
 # NVIDIA Xid codes that report the GPU or its links, not the application: 48 double-bit ECC,

@@ -45,7 +45,9 @@ from collscope.nodeagent.bundle import tables
 from collscope.operator.analysis import chunks, diagnosis, hwsamples, inflight, placement, view
 
 Key = tuple[str, str]  # (node, NIC); ("", "rank N") when job.json does not name the NIC
-MAX_CULPRITS = 4  # culprits listed: the dead NIC's ranks, then the runners-up
+# Culprits listed: the dead NIC's ranks, then the runners-up. A length of the report, not a
+# threshold: no verdict depends on it (the first culprit and the margin are computed first).
+MAX_CULPRITS = 4
 
 
 @dataclass(frozen=True)

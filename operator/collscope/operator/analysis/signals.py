@@ -254,6 +254,12 @@ def flows(
             g = int(inv[order[a]])
             q25[g] = backlog[order[a + (b - a) // 4]]
             size[g] = b - a
+        # Hot: at least min_chunks (StragglerSettings.slow_path_chunks) and twice the lower
+        # quartile of its siblings' backlog plus two chunks (NCCL keeps up to NCCL_STEPS = 8
+        # chunks in flight per flow; two is the jitter of one poll of the proxy), among at
+        # least three siblings (a quartile of two is one of them). Ratios and counts of
+        # chunks, so they hold at any step length and sampling interval; 2x and +2 picked
+        # on the own simulator, kept because eval-dev agrees.
         hot = (size[inv] >= 3) & (backlog >= np.maximum(min_chunks, 2.0 * q25[inv] + 2.0))
         # Both endpoints of a slow hop are suspects, but Mycroft Table 4 reads "not
         # transmitted (ready > sent) while the receiver has buffers posted" as a *local*

@@ -63,6 +63,9 @@ class StragglerSettings:
     whose arrival spread is below them; ``explained_share``, ``min_late_share``,
     ``slow_path_chunks``, ``slow_path_weight``, ``host_min_samples`` and ``node_score``. Each
     is a candidate for derivation from the data (sampling interval, measured jitter).
+    ``host_min_samples`` counts flow rows (channels x state samples), so one sample of a
+    stalled operation with two channels meets it; more samples at finer sampling only add
+    to a count already met.
     """
 
     late_min_s: float = 0.002  # Mycroft's late-start threshold is 1 s in production; ops here ms

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from collscope.nodeagent.bundle import models, reader, tables, writer
-from collscope.operator.analysis import diagnosis, engine, failure
+from collscope.operator.analysis import diagnosis, engine, failure, groups, placement, trigger
 from collscope.operator.simulator import engine as simulator
 
 S = 1_000_000_000
@@ -145,3 +145,31 @@ def test_replay_is_bounded_by_the_records_not_by_the_span(ring: Ring, kind: str)
         assert ticks < 2 * settings.idle_replay_s / settings.tick_s + 100
     else:
         assert (d.category, d.culprits[0].rank) == ("hang.network", 2)
+
+
+def test_the_hang_window_reaches_back_two_sampling_intervals_before_the_stall(
+    ring: Ring,
+) -> None:
+    # The failure window holds the last samples that showed the stuck ranks moving: 1 s before
+    # the stall at 100 ms sampling, two intervals (3 s) before it at 1.5 s sampling.
+    bundle = ring.build("network")
+    hit = trigger.TriggerResult(
+        kind="hang", at_ns=ring.end, tick_ns=ring.end, since_ns=ring.stall_start,
+        ranks=(0,), comm=0, seq=None, reason="test",
+    )  # fmt: skip
+    where = placement.Placement.of(bundle.job)
+    grp = groups.build(bundle)
+    settings = engine.AnalysisSettings(hang_window_s=0.0)
+
+    def earliest(interval_ns: int) -> int:
+        judged = engine._hang_finding(
+            bundle, hit, grp=grp, where=where, settings=settings, interval=interval_ns,
+            observed=None, evidence=[],
+        )  # fmt: skip
+        assert judged is not None
+        window = judged[2]
+        return int(min(window.ops["ts"].min(), window.states["ts"].min()))
+
+    assert earliest(100_000_000) >= ring.stall_start - 1_000_000_000
+    assert earliest(1_500_000_000) < ring.stall_start - 1_000_000_000
+    assert earliest(1_500_000_000) >= ring.stall_start - 3_000_000_000

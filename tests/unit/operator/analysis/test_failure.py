@@ -177,3 +177,24 @@ def test_inconsistent_two_member_tie_is_settled_by_history(diverged: int) -> Non
     # a 1:1 split: neither side is a majority; the communicator's periodic history decides
     assert [c.rank for c in f.culprits] == [diverged]
     assert any("AllGather" in e for e in f.evidence)
+
+
+def test_stuck_means_stalled_longer_than_a_sample_can_hide(ring: Ring) -> None:
+    # 0.7 s without progress is stuck at 100 ms sampling (past stuck_min_s = 0.5 s), but not at
+    # 400 ms: a state sample up to two intervals (0.8 s) old is current, and an operation
+    # that moved just after it looks stalled that long.
+    bundle, t = ring.build("network"), ring.stall_start + 700 * MS
+
+    def at(interval_ns: int) -> failure.Finding | None:
+        return failure.analyze(
+            bundle,
+            t,
+            grp=groups.build(bundle),
+            where=placement.Placement.of(bundle.job),
+            settings=failure.FailureSettings(stuck_min_s=0.5, stuck_min_intervals=2.0),
+            interval_ns=interval_ns,
+        )
+
+    found = at(100 * MS)
+    assert found is not None and found.category is Cat.HANG_NETWORK
+    assert at(400 * MS) is None
