@@ -79,7 +79,8 @@ def test_bundles_are_scored_case_by_case(eval_dir: tuple[Path, int, int]) -> Non
     root, culprit, onset = eval_dir
     got = [acc.run_bundle(c) for c in acc.bundle_cases(root)]
     # The analysis itself, run here on the same files: the bench must report what it said.
-    diag = analysis.diagnose(reader.load(root / "case-001"))
+    # (with the job-wide rows each tick, as the bench replays the live pull: cbe180d)
+    diag = analysis.diagnose(reader.load(root / "case-001"), summaries=acc.Summaries())
     assert diag.anomaly and diag.detected_at is not None
     where = {r.rank: r.node for r in reader.load(root / "case-001").job.ranks}
     assert where[culprit] == where[culprit ^ 1] != where[(culprit + 8) % 16]

@@ -223,6 +223,7 @@ def covers(g: Grant, c: Call) -> bool:
 
 AGENT_CALLS: dict[str, tuple[Any, ...]] = {
     "ranks": (),
+    "summaries": ([1],),
     "window_lines": ([1],),
     "window": ([1],),
     "hardware": (),
@@ -232,6 +233,7 @@ AGENT_CALLS: dict[str, tuple[Any, ...]] = {
     "profile_report": ("p",),
 }
 AGENT_KWARGS: dict[str, dict[str, Any]] = {
+    "summaries": {"window_s": 1.0},
     "window_lines": {"since_ns": 0, "until_ns": 1},
     "window": {"since_ns": 0, "until_ns": 1},
     "hardware": {"since_ns": 0, "until_ns": 1},
