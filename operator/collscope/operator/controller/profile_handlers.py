@@ -36,7 +36,8 @@ before it ended) or ``KubeError``.
 
 The Diagnosis carries the label ``collscope.dev/profile`` so that ``diagnosis_handlers`` leaves
 it alone (it is analysed here, from profiles, not from a window of records) and it is never
-remediated: a Python function on one rank is no node's fault. What is pending is kept in
+remediated: a Python function on one rank is no node's fault. What is pending (and the last one
+done, so that a repeated handling of the same value arms nothing) is kept in
 ``OperatorState.profiles`` (an operator restart during the window loses it; the annotation is then
 handled already and a new value starts again).
 """
@@ -89,6 +90,9 @@ class Pending:
     nodes: list[str]
     job: models.Job
     failed: list[agents.Unreachable]
+    # Done: kept so that kopf handing the same annotation value over again (a stale body)
+    # does not arm the job once more; a new value starts a new profiling.
+    finished: bool = False
 
 
 class NotArmed(kopf.TemporaryError):
@@ -149,8 +153,10 @@ async def on_annotation(
     target = target_of(value)
     profiles = memo.profiles
     p = profiles.get(key)
+    if p is not None and p.value == value and p.finished:
+        return  # handled already: kopf repeats a change while its own patches are in flight
     if p is None or p.value != value:
-        if p is not None and target_of(p.value):
+        if p is not None and not p.finished and target_of(p.value):
             why = f"profiling {p.id} left for {ANNOTATION}={value}"
             old = target_of(p.value)
             await note(api, key[0], old, "Failed", "Superseded", message=why, id=p.id)
@@ -177,7 +183,7 @@ async def on_annotation(
         await write(api, key, str(meta.get("uid") or ""), p, result, done=done)
     else:
         await note(api, key[0], target, **done)
-    profiles.pop(key, None)
+    p.finished = True
     logger.info("profiling %s: %s", p.id, done["message"])
 
 
@@ -250,11 +256,16 @@ async def request(
 ) -> bool:
     """Ask for a profiling of ``job`` into ``diagnosis_name`` by the job's annotation
     (``on_annotation`` runs it), unless the job says ``off``; False when not asked. Either way
-    the Diagnosis's ``status.profiling`` says so."""
+    the Diagnosis's ``status.profiling`` says so. Asked already (the annotation holds this very
+    value: kopf handed the same creation or change over again, or the Diagnosis was processed
+    again): True, and its ``status.profiling``, perhaps Running or Done by now, is left as it is.
+    """
     value = AUTO_PREFIX + diagnosis_name + tag
     try:
         tj = await api.get_trainingjob(namespace, job)
         annotations = ((tj or {}).get("metadata") or {}).get("annotations") or {}
+        if str(annotations.get(ANNOTATION, "")) == value:
+            return True
         if tj is None:
             why = ("TrainingJobNotFound", f"TrainingJob {namespace}/{job} not found")
         elif str(annotations.get(ANNOTATION, "")).strip().lower() == "off":

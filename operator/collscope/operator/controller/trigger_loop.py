@@ -24,7 +24,8 @@ handler, runs it and then steps 5 and 6. One tick:
    job's ``analysis.trigger.TriggerState`` (kept in ``OperatorState.jobs``), which runs
    Mycroft Algorithm 1; every rank's summary (``agents.pull_summaries``, ``/v1/summaries``)
    goes with it for the job-wide hang check (``analysis.jobwide``); a trigger is given its
-   incident (below);
+   incident (below), except a slowdown that would open a new incident while the job's own
+   profiling may be slowing it (``slow_incident``: the probe's cost is never a Diagnosis);
 5. on a trigger, a Diagnosis named after the incident is created (409 = already open: one per
    job and incident; a slowdown's incident is an episode of its communicator, so a second
    slowdown there after the first one ended opens a new one); ``diagnosis_handlers``
@@ -241,11 +242,55 @@ async def step(
             comm = None if hit.comm is None else bundle.comm_id(hit.comm)
             if hit.kind == "slow":
                 quiet = rt.quiet_ticks(cfg.trigger.episode_quiet_ticks)
-                out.incident = rt.slow_incident(comm, hit, quiet)
+                out.incident = slow_incident(state, key, rt, comm, hit, quiet=quiet, t_ns=t_ns)
             else:
                 out.incident = jobs.incident_of(hit, comm)
         rt.advance()
     return out
+
+
+def profiled_until_ns(state: OperatorState, key: jobs.JobKey) -> int | None:
+    """Until when the job's own profiling may slow it (None: none armed): the dormant probe
+    sampling every rank costs 3-6 % an iteration (bench/README.md), far more when the node's
+    CPUs are short, so a slowdown seen then may be collscope's own. The agents' deadline (the
+    window's end) plus the trigger's window and one tick, since the records of the armed window
+    stay that long in what each tick pulls."""
+    p = state.profiles.get(key)
+    if p is None:
+        return None
+    cfg = state.settings.trigger
+    return p.deadline_ns + int((cfg.window_s + cfg.interval_s) * NS)
+
+
+def slow_incident(
+    state: OperatorState,
+    key: jobs.JobKey,
+    rt: jobs.JobRuntime,
+    comm: str | None,
+    hit: trigger.TriggerResult,
+    *,
+    quiet: int,
+    t_ns: int,
+) -> str | None:
+    """A slow trigger's incident (``JobRuntime.slow_incident``), or None while the job's own
+    profiling may be what slows it (``profiled_until_ns``) and the trigger would open a new
+    incident: a slowdown collscope causes must never become a Diagnosis. A trigger of an episode
+    already open goes on as before (its Diagnosis exists); a real slowdown that began during the
+    window still holds after it and is reported then."""
+    base = jobs.incident_of(hit, comm)
+    before = rt.episodes.get(base)
+    incident = rt.slow_incident(comm, hit, quiet)
+    until = profiled_until_ns(state, key)
+    if until is None or t_ns > until or (before is not None and incident == before[0]):
+        return incident
+    if before is None:  # no episode opened by a trigger that is not reported
+        rt.episodes.pop(base, None)
+    else:
+        rt.episodes[base] = before
+    logging.getLogger(__name__).info(
+        "%s/%s: slow trigger during its own profiling, no Diagnosis: %s", *key, hit.reason
+    )
+    return None
 
 
 async def tick(
