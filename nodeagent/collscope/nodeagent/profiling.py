@@ -23,16 +23,28 @@ CPU utilisation covers the interval since the previous one, so it is placed at i
 function of the training thread) and μ, sigma of the training thread's CPU utilisation over
 each execution's critical duration (Algorithm 1). Where the probe also ran torch's profiler
 (a process with torch and CUDA: ``torch.ops``), its kernels, NCCL kernels and memory copies are
-events of kinds ``kernel``, ``comm`` and ``memory``, which outrank Python on the critical path;
-their μ, sigma are 0 (no SM or NIC samples per process yet). A torch source that failed is said
-in the rank's ``reason``.
+events of kinds ``kernel``, ``comm`` and ``memory``, which outrank Python on the critical path.
+Their μ, sigma come from the agent's own hardware records of the rank's GPU and NIC over the
+window (``hw_samples``), joined by device through the device map (``service.hw_owners``; never
+by the records' rank): ``kernel`` from ``sm`` = ``sm_clock_mhz`` / ``sm_clock_max_mhz`` of the
+rank's GPU, ``comm`` from ``nic`` = ``nic_tx_bytes_per_second`` x 8 / ``nic_link_speed_gbps``
+of its NIC(s) (summed over the ports the device map gives it), both clipped to [0, 1].
+``memory`` keeps the training thread's CPU utilisation. The hardware is read about once a
+second, far more slowly than kernels last, so a reading holds for up to ``HOLD_NS``
+(``summarise.Samples.hold_ns``) and the records are fetched from ``HOLD_NS`` before the window.
+A rank whose GPU or NIC the device map does not know, or whose source gave no such record (no
+NVML on a CPU machine, a link without a speed), keeps μ = sigma = 0 for that kind, and when it
+has patterns of that kind its ``reason`` says which record was missing and why (the device
+map's ``unresolved``, the source's status); nothing is guessed. A torch source that failed is
+said in the rank's ``reason`` too.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +59,13 @@ ARM_FILE = collscope_probe.ARM_FILE
 MAIN_TID = 1  # the probe samples one thread: every execution is on it
 _OP_KINDS = ("kernel", "comm", "memory")  # what the probe's torch source records
 _NS = 1_000_000_000
+SM_CLOCK, SM_CLOCK_MAX = "sm_clock_mhz", "sm_clock_max_mhz"  # hardware/gpu.py's metrics
+NIC_TX, NIC_SPEED = "nic_tx_bytes_per_second", "nic_link_speed_gbps"  # hardware/nic.py, rdma.py
+# How long a GPU or NIC reading stands for the executions after it: two of the hardware
+# sampler's default 1 s intervals (one sample may be late or missed).
+HOLD_NS = 2 * _NS
+_NEEDS = {"kernel": "sm", "comm": "nic"}  # kinds whose μ, sigma come from the hardware records
+_SOURCES = {"sm": ("nvml",), "nic": ("rdma", "netlink")}
 
 
 @dataclass(frozen=True)
@@ -136,28 +155,43 @@ def report(svc: service.Service, req_id: str) -> api.ProfileReport:
 def _done(svc: service.Service, t: Target, doc: dict[str, Any], job: models.Job) -> api.RankProfile:
     try:
         start, end = int(doc["start_ns"]), int(doc["end_ns"])
-        pats = patterns(doc, t.rank)
         n = len(doc["samples"])
-    except (KeyError, TypeError, ValueError, IndexError) as e:
-        return api.RankProfile(
-            rank=t.rank,
-            state="failed",
-            pid=t.pid,
-            reason=f"unreadable probe output: {type(e).__name__}: {e}",
-        )
+    except (KeyError, TypeError, ValueError) as e:
+        return _unreadable(t, e)
     use: list[api.ResourceUse] = []
-    if svc.hardware is not None:
-        records = svc.hardware.window(start, end)
+    hw: dict[str, summarise.Samples] = {}
+    info = next((i for i in job.ranks if i.rank == t.rank), None)
+    if svc.hardware is None:
+        missing = {k: "no hardware sampler on this agent" for k in _SOURCES}
+    else:
+        records = svc.hardware.window(max(0, start - HOLD_NS), end)
         mine = service.hw_owners(job, {r.device for r in records}, [t.rank])
-        use = resource_use(r for r in records if r.device in mine)
+        use = resource_use(r for r in records if r.device in mine and r.ts >= start)
+        gpu = None if info is None or info.gpu is None else f"gpu{info.gpu}"
+        down = {s.name: s.reason for s in svc.hardware.statuses() if not s.available}
+        hw, missing = hw_samples(
+            [r for r in records if r.device in mine],
+            gpu=gpu,
+            nics=sorted(d for d in mine if d != gpu),
+            nic_known=info is not None and info.nic is not None,
+            unresolved=(info.unresolved or "") if info is not None else "not in the device map",
+            down=down,
+        )
+    try:
+        pats = patterns(doc, t.rank, hw)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        return _unreadable(t, e)
+    why = []
     src = doc.get("torch")
-    why = ""
     if isinstance(src, dict) and src.get("state") == "failed":
-        why = f"torch profiler failed: {src.get('reason', '')}"[:500]
+        why.append(f"torch profiler failed: {src.get('reason', '')}")
+    for kind in sorted({p.kind for p in pats} & set(_NEEDS)):
+        if _NEEDS[kind] in missing:
+            why.append(f"{kind} mu, sigma = 0: {missing[_NEEDS[kind]]}")
     return api.RankProfile(
         rank=t.rank,
         state="done",
-        reason=why,
+        reason="; ".join(why)[:500],
         pid=t.pid,
         start_ns=start,
         end_ns=end,
@@ -167,8 +201,95 @@ def _done(svc: service.Service, t: Target, doc: dict[str, Any], job: models.Job)
     )
 
 
-def patterns(doc: dict[str, Any], rank: int) -> list[models.FunctionPattern]:
-    """β, μ, sigma per sampled function of one probe output (module docstring)."""
+def _unreadable(t: Target, e: Exception) -> api.RankProfile:
+    return api.RankProfile(
+        rank=t.rank,
+        state="failed",
+        pid=t.pid,
+        reason=f"unreadable probe output: {type(e).__name__}: {e}",
+    )
+
+
+def hw_samples(
+    records: Sequence[models.HwRecord],
+    *,
+    gpu: str | None,
+    nics: Sequence[str],
+    nic_known: bool = True,
+    unresolved: str = "",
+    down: Mapping[str, str] | None = None,
+) -> tuple[dict[str, summarise.Samples], dict[str, str]]:
+    """The ``sm`` and ``nic`` utilisation of one rank from hardware records (module docstring):
+    ``gpu`` its GPU's device (None: unknown), ``nics`` the devices of its NIC; only records of
+    those devices are read, whatever their ``rank``. Returns the samples found and, per
+    resource without samples, why (``unresolved``: the device map's word on an unknown device;
+    ``down``: source name -> reason of the sources that are unavailable)."""
+    down = down or {}
+    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for r in sorted(records, key=lambda r: r.ts):
+        series.setdefault((r.device, r.metric), []).append((r.ts, r.value))
+    out: dict[str, summarise.Samples] = {}
+    missing: dict[str, str] = {}
+
+    def why(res: str, text: str) -> None:
+        srcs = [f"{n}: {down[n]}" for n in _SOURCES[res] if n in down]
+        missing[res] = f"{text} ({'; '.join(srcs)})" if srcs else text
+
+    if gpu is None:
+        why("sm", f"the rank's GPU is unknown{f' ({unresolved})' if unresolved else ''}")
+    else:
+        got = _ratio([(series.get((gpu, SM_CLOCK), []), series.get((gpu, SM_CLOCK_MAX), []))], 1.0)
+        if got is not None:
+            out["sm"] = got
+        elif not series.get((gpu, SM_CLOCK)):
+            why("sm", f"no {SM_CLOCK} record of {gpu} in the window")
+        else:
+            why("sm", f"no {SM_CLOCK_MAX} record of {gpu} in the window")
+    if not nic_known or not nics:
+        text = "the rank's NIC is unknown" if not nic_known else "no record of the rank's NIC"
+        why("nic", f"{text}{f' ({unresolved})' if unresolved and not nic_known else ''}")
+    else:
+        pairs = [(series.get((d, NIC_TX), []), series.get((d, NIC_SPEED), [])) for d in nics]
+        got = _ratio(pairs, 1e9 / 8)  # bytes/s against Gb/s
+        if got is not None:
+            out["nic"] = got
+        elif not any(series.get((d, NIC_TX)) for d in nics):
+            why("nic", f"no {NIC_TX} record of {', '.join(nics)} in the window")
+        else:
+            why("nic", f"no {NIC_SPEED} record of {', '.join(nics)} in the window")
+    return out, missing
+
+
+def _ratio(
+    pairs: Sequence[tuple[Sequence[tuple[int, float]], Sequence[tuple[int, float]]]], scale: float
+) -> summarise.Samples | None:
+    """Per time of the numerators: their sum / (the sum of their denominators x scale), each
+    device's denominator its latest positive one at or before that time (else its first),
+    clipped to [0, 1]; a device without a positive denominator is left out; None when none
+    is left."""
+    rows: dict[int, list[float]] = {}
+    for num, den_all in pairs:
+        den = [d for d in den_all if d[1] > 0]
+        if not num or not den:
+            continue
+        keys = [ts for ts, _ in den]
+        for t, v in num:
+            row = rows.setdefault(t, [0.0, 0.0])
+            row[0] += v
+            row[1] += den[max(0, bisect.bisect_right(keys, t) - 1)][1] * scale
+    if not rows:
+        return None
+    ts = sorted(rows)
+    val = np.clip(np.array([rows[t][0] / rows[t][1] for t in ts], dtype=np.float64), 0.0, 1.0)
+    return summarise.Samples(np.array(ts, dtype=np.float64), val, HOLD_NS)
+
+
+def patterns(
+    doc: dict[str, Any], rank: int, hw: Mapping[str, summarise.Samples] | None = None
+) -> list[models.FunctionPattern]:
+    """β, μ, sigma per sampled function of one probe output (module docstring); ``hw``: the
+    rank's ``sm`` and ``nic`` samples (``hw_samples``), the kinds without any keep μ = sigma = 0.
+    """
     start, end = int(doc["start_ns"]), int(doc["end_ns"])
     stacks = [str(s) for s in doc["stacks"]]
     rows = [(int(ts), int(i), float(u)) for ts, i, u in doc["samples"]]
@@ -192,7 +313,7 @@ def patterns(doc: dict[str, Any], rank: int) -> list[models.FunctionPattern]:
         np.clip(np.array([r[2] for r in rows], dtype=np.float64), 0.0, 1.0),
     )
     found = summarise.summarise(
-        events, main_tid=MAIN_TID, window=(start, end), samples={"cpu": cpu}
+        events, main_tid=MAIN_TID, window=(start, end), samples={**(hw or {}), "cpu": cpu}
     )
     return [
         models.FunctionPattern(

@@ -12,7 +12,11 @@ whole call stack (enclosing events of the same thread, outermost first, ``;``-jo
   standard deviation over L(e) are averaged weighted by |L(e)| (Eq. 4-5). Resources by kind:
   ``kernel`` -> ``sm`` (SM clock / max), ``comm`` -> ``nic`` (GPU-NIC throughput / line
   rate), ``memory`` and ``python`` -> ``cpu`` (CPU utilisation of the training process). A
-  kind with no samples gets μ = sigma = 0 (unknown, the same on every worker).
+  kind with no samples gets μ = sigma = 0 (unknown, the same on every worker). A resource read
+  far more slowly than its executions last (the agent's GPU and NIC counters, about once a
+  second, against kernels of milliseconds) is held: an execution with no sample inside takes
+  the last sample before it, if at most ``Samples.hold_ns`` old, as an |L(e)| of one sample
+  with sigma 0.
 
 Pure: events and samples in, patterns out.
 """
@@ -43,10 +47,14 @@ class Event:
 
 @dataclass(frozen=True)
 class Samples:
-    """One resource's utilisation time series: ``ts_ns`` ascending, ``value`` in [0, 1]."""
+    """One resource's utilisation time series: ``ts_ns`` ascending, ``value`` in [0, 1].
+
+    ``hold_ns``: how long a sample still stands for an execution that holds no sample of its
+    own (a reading that holds until the next one); 0: never."""
 
     ts_ns: critical.F64
     value: critical.F64
+    hold_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,8 @@ def summarise(
             a, b = np.searchsorted(s.ts_ns, [e.start_ns, e.end_ns])
             if b > a:
                 util[key].append(critical.utilisation(s.value[a:b]))
+            elif a > 0 and e.start_ns - s.ts_ns[a - 1] <= s.hold_ns:
+                util[key].append((1, float(s.value[a - 1]), 0.0))
     out = []
     for key, b in beta.items():
         parts = util.get(key, [])

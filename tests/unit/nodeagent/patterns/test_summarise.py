@@ -44,3 +44,19 @@ def test_mu_and_sigma_come_from_samples_on_the_critical_duration() -> None:
         ev, main_tid=0, window=(0, 100), samples={"nic": summarise.Samples(ts, val)}
     )
     assert pats[0].mu == 0.5 and pats[0].sigma == 0.0
+
+
+def test_a_held_sample_stands_for_executions_without_one() -> None:
+    ev = [summarise.Event("gemm", "kernel", 100, 110), summarise.Event("gemm", "kernel", 300, 310)]
+    ts = np.array([50.0, 250.0])
+    val = np.array([0.5, 1.0])
+    held = summarise.Samples(ts, val, hold_ns=60)  # 100 - 50 <= 60; 300 - 250 <= 60
+    (p,) = summarise.summarise(ev, main_tid=0, window=(0, 400), samples={"sm": held})
+    assert p.mu == 0.75 and p.sigma == 0.0
+    short = summarise.Samples(ts, val, hold_ns=49)  # too old for both: unknown, 0
+    (p,) = summarise.summarise(ev, main_tid=0, window=(0, 400), samples={"sm": short})
+    assert p.mu == 0.0
+    (p,) = summarise.summarise(
+        ev, main_tid=0, window=(0, 400), samples={"sm": summarise.Samples(ts, val)}
+    )
+    assert p.mu == 0.0  # no hold by default
