@@ -192,9 +192,12 @@ async def test_a_late_ranks_slow_verdict_is_profiled_by_itself(
         assert "not profiled" not in text, text
         assert named[0] == (SLOW, LOADER_FN), (named, text)
         assert {r for r, _ in named} == {SLOW}, named
+        # The functions are written first, then status.profiling (two patches): wait for the
+        # profiling to end, not for any state (it says Running until that second patch).
         profiled = await e2e.harness.until(
-            lambda: (e2e.harness.obj(e2e.harness.DIAG, d["metadata"]["name"]) or {})
-            .get("status", {}).get("profiling"), 10
+            lambda: (p := (e2e.harness.obj(e2e.harness.DIAG, d["metadata"]["name"]) or {})
+                     .get("status", {}).get("profiling") or {}).get("state") in ("Done", "Failed")
+            and p, 10
         )  # fmt: skip
         assert (profiled["state"], profiled["reason"]) == ("Done", "FunctionFound"), profiled
         assert profiled["ranksProfiled"] == LAYOUT.world
