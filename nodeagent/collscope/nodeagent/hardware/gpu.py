@@ -12,6 +12,8 @@ Per GPU ``gpu<index>`` (NVML's index, which follows PCI bus order), each sample 
 
 ====================================  ==========================================================
 ``sm_clock_mhz``                      nvmlDeviceGetClockInfo(NVML_CLOCK_SM)
+``sm_clock_max_mhz``                  nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM) (the profiled
+                                      kernels' utilisation is SM clock / this, EROICA §4.2)
 ``gpu_utilization_percent``           nvmlDeviceGetUtilizationRates().gpu (kernel time share)
 ``memory_utilization_percent``        nvmlDeviceGetUtilizationRates().memory
 ``power_watts``                       nvmlDeviceGetPowerUsage() (milliwatts) / 1000
@@ -232,6 +234,10 @@ class GpuSource(source.Source):
 
         call = self._call
         put("sm_clock_mhz", call(nvml, i, nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM))
+        # Optional in ``Nvml``: a stand-in without it leaves the counter out, never the sample.
+        max_clock = getattr(nvml, "nvmlDeviceGetMaxClockInfo", None)
+        if max_clock is not None:
+            put("sm_clock_max_mhz", call(nvml, i, max_clock, h, nvml.NVML_CLOCK_SM))
         util = call(nvml, i, nvml.nvmlDeviceGetUtilizationRates, h)
         if util is not None:
             put("gpu_utilization_percent", util.gpu)

@@ -235,6 +235,9 @@ class FileNvml:
             self._reload()  # GpuSource's first call of each sample: the state as of now
         return int(self._gpu(h)["sm_clock_mhz"])
 
+    def nvmlDeviceGetMaxClockInfo(self, h: int, clock: int) -> int:
+        return SM_CLOCK_MHZ  # a power cap lowers the clock, never the maximum
+
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return types.SimpleNamespace(gpu=97, memory=40)
 

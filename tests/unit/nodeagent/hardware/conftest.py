@@ -22,6 +22,7 @@ import pytest
 @dataclasses.dataclass
 class FakeGpu:
     sm_clock_mhz: int = 1980
+    sm_clock_max_mhz: int = 1980
     util_gpu: int = 97
     util_memory: int = 40
     power_mw: int = 650_000
@@ -101,6 +102,10 @@ class FakeNvml:
     def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         assert clock == pynvml.NVML_CLOCK_SM
         return self._gpu(h, "nvmlDeviceGetClockInfo").sm_clock_mhz
+
+    def nvmlDeviceGetMaxClockInfo(self, h: int, clock: int) -> int:
+        assert clock == pynvml.NVML_CLOCK_SM
+        return self._gpu(h, "nvmlDeviceGetMaxClockInfo").sm_clock_max_mhz
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         g = self._gpu(h, "nvmlDeviceGetUtilizationRates")

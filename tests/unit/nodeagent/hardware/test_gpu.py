@@ -44,6 +44,22 @@ def test_init_failure_is_unavailable_and_retried(nvml_kit: Any) -> None:
     assert values(src.sample(T0))[("gpu0", "sm_clock_mhz")] == 1980
 
 
+def test_the_max_sm_clock_is_sampled_beside_the_clock(nvml_kit: Any) -> None:
+    """The profiled kernels' utilisation is SM clock / max SM clock (EROICA §4.2): a capped
+    GPU reports its lower clock against an unchanged maximum."""
+    capped = nvml_kit.FakeGpu(sm_clock_mhz=1200)
+    v = values(gpu.GpuSource(nvml_kit.FakeNvml([capped])).sample(T0))
+    assert (v[("gpu0", "sm_clock_mhz")], v[("gpu0", "sm_clock_max_mhz")]) == (1200, 1980)
+
+
+def test_a_stand_in_without_the_max_clock_still_samples(nvml_kit: Any) -> None:
+    class Older(nvml_kit.FakeNvml):  # type: ignore[misc]
+        nvmlDeviceGetMaxClockInfo = None  # noqa: N815 (pynvml's name)
+
+    v = values(gpu.GpuSource(Older([nvml_kit.FakeGpu()])).sample(T0))
+    assert v[("gpu0", "sm_clock_mhz")] == 1980 and ("gpu0", "sm_clock_max_mhz") not in v
+
+
 def test_no_gpu_is_unavailable(nvml_kit: Any) -> None:
     nvml = nvml_kit.FakeNvml([])
     with pytest.raises(errors.HardwareUnavailable, match="no GPU"):
