@@ -277,7 +277,7 @@ def slow_incident(
     incident: a slowdown collscope causes must never become a Diagnosis. A trigger of an episode
     already open goes on as before (its Diagnosis exists); a real slowdown that began during the
     window still holds after it and is reported then."""
-    base = jobs.incident_of(hit, comm)
+    base = rt.episode_base(comm, hit, quiet)
     before = rt.episodes.get(base)
     incident = rt.slow_incident(comm, hit, quiet)
     until = profiled_until_ns(state, key)

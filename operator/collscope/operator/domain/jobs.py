@@ -287,8 +287,13 @@ class JobRuntime:
         its watchers saw none for a whole visit) and this trigger opens the next, named after
         its detection time (``slow/<comm>@<unix ms>``), so that its Diagnosis is a new object
         and not the first one's 409.
+
+        A trigger without a communicator (throughput halved or the interval doubled: rules on
+        the job's sampled ranks as a whole, Mycroft Algorithm 1) joins the job's most recently
+        triggered open episode, whichever communicator it is of: a job-wide measure is moved by
+        the slowdown already being diagnosed, and would otherwise open a second Diagnosis of it.
         """
-        base = incident_of(hit, comm_id)
+        base = self.episode_base(comm_id, hit, quiet)
         open_ = self.episodes.get(base)
         if open_ is not None and self.ticks_run - open_[1] <= quiet:
             self.episodes[base] = (open_[0], self.ticks_run)
@@ -296,6 +301,16 @@ class JobRuntime:
         incident = f"{base}@{hit.at_ns // 1_000_000}"  # unix ms of its first trigger
         self.episodes[base] = (incident, self.ticks_run)
         return incident
+
+    def episode_base(self, comm_id: str | None, hit: trigger.TriggerResult, quiet: int) -> str:
+        """The episode key (``slow/<comm>``) a slow trigger belongs to at this tick: its own
+        communicator's, or for a trigger without one the most recently triggered open episode
+        (``slow_incident``)."""
+        base = incident_of(hit, comm_id)
+        if comm_id is None:
+            live = [(t, b) for b, (_, t) in self.episodes.items() if self.ticks_run - t <= quiet]
+            base = max(live)[1] if live else base
+        return base
 
 
 def incident_of(hit: trigger.TriggerResult, comm_id: str | None) -> str:

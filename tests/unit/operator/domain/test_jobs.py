@@ -196,9 +196,30 @@ def test_a_slowdown_episode_ends_after_quiet_ticks_and_the_next_is_a_new_inciden
     # Ticks 0-5: one episode (two quiet ticks <= 3); tick 10: four quiet ticks, a new one.
     assert got == [(0, first), (1, first), (2, first), (5, first), (10, second), (11, second)]
     assert jobs.diagnosis_name("tj", first) != jobs.diagnosis_name("tj", second)
-    # Another communicator has its own episodes; a hang keeps its (comm, seq) incident.
+    # Another communicator has its own episodes.
     assert rt.slow_incident("0xcd", slow(111), quiet=3) == "slow/0xcd@111000"
-    assert rt.slow_incident(None, slow(111), quiet=3) == "slow/-@111000"
+
+
+def test_a_job_wide_slow_trigger_joins_the_open_episode() -> None:
+    """Throughput and interval triggers carry no communicator: the slowdown already diagnosed
+    moves them, so they join the most recent open episode rather than open a second Diagnosis
+    of it (seen in a one-box run: slow/<comm> then slow/- for one proxy stall)."""
+    rt = jobs.JobRuntime()
+
+    def slow(at_s: float) -> trigger.TriggerResult:
+        return trigger.TriggerResult("slow", int(at_s * 1e9), 0, 0, (1,), 0, None, "x")
+
+    assert rt.slow_incident(None, slow(100), quiet=3) == "slow/-@100000"  # none open: its own
+    rt.ticks_run = 10  # that one is over
+    assert rt.slow_incident("0xab", slow(110), quiet=3) == "slow/0xab@110000"
+    rt.ticks_run = 11
+    assert rt.slow_incident("0xcd", slow(111), quiet=3) == "slow/0xcd@111000"
+    rt.ticks_run = 12
+    assert rt.slow_incident(None, slow(112), quiet=3) == "slow/0xcd@111000"  # the latest open
+    rt.ticks_run = 15  # 0xab quiet for 5 ticks, 0xcd kept open by the job-wide trigger at 12
+    assert rt.slow_incident(None, slow(115), quiet=3) == "slow/0xcd@111000"
+    rt.ticks_run = 30  # all over: a job-wide trigger opens its own episode again
+    assert rt.slow_incident(None, slow(130), quiet=3) == "slow/-@130000"
 
 
 def test_quiet_ticks_cover_a_whole_rotation() -> None:
