@@ -75,6 +75,7 @@ CALLS: dict[str, list[tuple[Any, ...]]] = {
     "patch_status": [(kube.DIAGNOSES, NS, "d", {"phase": "Diagnosed"})],
     "get_trainingjob": [(NS, "tj")],
     "annotate_trainingjob": [(NS, "tj", {"collscope.dev/profile": "auto-d"})],
+    "get_diagnosis": [(NS, "d")],
     "list_diagnoses": [(NS,)],
     "delete_diagnosis": [(NS, "d")],
     "get_node": [("n1",)],

@@ -159,6 +159,15 @@ class Cluster(Kube):
         )  # fmt: skip
         return [dict(o) for o in (got or {}).get("items") or []]
 
+    async def get_diagnosis(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Diagnosis as the API server holds it now; None when it is gone."""
+        obj = await self._call(
+            f"reading Diagnosis {namespace}/{name}",
+            self._objects.get_namespaced_custom_object,
+            GROUP, VERSION, namespace, DIAGNOSES, name,
+        )  # fmt: skip
+        return None if obj is None else dict(obj)
+
     async def delete_diagnosis(self, namespace: str, name: str) -> None:
         """Delete a Diagnosis; one already gone is not an error."""
         await self._call(

@@ -116,9 +116,19 @@ async def process(
         return
     seen.add(key)
     try:
+        # A retry after an error may come with a body older than this handler's own status
+        # patches (the watch has not caught up): judged on it, a Diagnosis already analysed
+        # would be analysed again and its result (profiling's findings included) rewritten.
+        # The status is read from the API server instead; a Diagnosis gone meanwhile is done.
+        try:
+            latest = await memo.kube.get_diagnosis(namespace or "", name)
+        except errors.KubeError as e:
+            raise kopf.TemporaryError(str(e), delay=2) from e
+        if latest is None:
+            return
         await _process(
-            name, namespace or "", body=body, spec=spec, status=status, meta=meta, state=memo,
-            logger=logger,
+            name, namespace or "", body=body, spec=spec, status=latest.get("status") or {},
+            meta=meta, state=memo, logger=logger,
         )  # fmt: skip
     except BaseException:
         seen.discard(key)
@@ -131,7 +141,7 @@ async def _process(
     *,
     body: kopf.Body,
     spec: kopf.Spec,
-    status: kopf.Status,
+    status: Mapping[str, Any],
     meta: kopf.Meta,
     state: OperatorState,
     logger: Logger,

@@ -538,3 +538,44 @@ async def test_events_go_to_the_diagnosis_and_the_workload(monkeypatch: pytest.M
         ("warn", "Job", "Diagnosed", "Diagnosis d1: hang.gpu rank 5"),
         ("info", "Diagnosis", "R", "m"),
     ]
+
+
+class LatestOnly:
+    """The API as ``process`` sees it: the Diagnosis's latest state; every write recorded."""
+
+    def __init__(self, latest: dict[str, Any] | None) -> None:
+        self.latest = latest
+        self.writes: list[tuple[str, Any]] = []
+
+    async def get_diagnosis(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.latest
+
+    def __getattr__(self, name: str) -> Any:
+        async def write(*args: Any, **kwargs: Any) -> None:
+            self.writes.append((name, args))
+
+        return write
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("latest", ["remediated", "gone"])
+async def test_a_retry_with_a_stale_body_is_judged_on_the_latest_status(latest: str) -> None:
+    """kopf may retry with a body older than the handler's own status patches (the watch has
+    not caught up): on that body the Diagnosis looks new and would be analysed again, its
+    result rewritten. ``process`` reads the status from the API instead."""
+    import logging
+    import types
+
+    now = diagnosed("d1", "n1")
+    now["status"]["actions"] = [
+        {"action": "cordon", "outcome": "Skipped", "time": "2026-11-28T10:00:00Z"}
+    ]
+    api = LatestOnly(now if latest == "remediated" else None)
+    state = types.SimpleNamespace(diagnoses_seen=set(), kube=api)
+    stale = {"trainingJob": {"name": JOB}, "trigger": "hang", "incident": "d1"}
+    await diagnosis_handlers.process(
+        name="d1", namespace="ml", body=cast(kopf.Body, {}), spec=cast(kopf.Spec, stale),
+        status=cast(kopf.Status, {}), meta=cast(kopf.Meta, {"uid": "uid-d1"}),
+        memo=cast(Any, state), logger=logging.getLogger("test"),
+    )  # fmt: skip
+    assert api.writes == []  # not analysed again: no phase, no result, no event written
