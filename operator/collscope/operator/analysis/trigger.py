@@ -336,16 +336,10 @@ class TriggerState:
         ``_learn`` hands it to the baselines when the operation completes. Only samples with
         flows: without them a sample does not tell a stall from progress (``inflight``)."""
         lo_ns, self._stall_seen_ns = self._stall_seen_ns, t_ns
-        st = view.states
-        m = (st["ts"] > lo_ns) & (st["ts"] <= t_ns) & (st["flow_hi"] > st["flow_lo"])
-        if not m.any():
+        got = _flow_samples(view, lo_ns, t_ns)
+        if got is None:
             return
-        st = st[m]
-        idle = inflight.segment_min(
-            view.flows["idle_ns"].astype(np.int64),
-            st["flow_lo"].astype(np.int64),
-            st["flow_hi"].astype(np.int64),
-        )
+        st, idle = got
         stall = np.maximum(0, np.minimum(idle, st["ts"] - st["start"])).tolist()
         keys = zip(st["rank"].tolist(), st["comm"].tolist(), st["seq"].tolist(), strict=True)
         for key, v in zip(keys, stall, strict=True):
@@ -478,16 +472,10 @@ class TriggerState:
         """
         lo_ns = -1 if self._prev_ns is None else self._prev_ns
         self._prev_ns = t_ns
-        st = view.states
-        m = (st["ts"] > lo_ns) & (st["ts"] <= t_ns) & (st["flow_hi"] > st["flow_lo"])
-        if not m.any():
+        got = _flow_samples(view, lo_ns, t_ns)
+        if got is None:
             return
-        st = st[m]
-        idle = inflight.segment_min(
-            view.flows["idle_ns"].astype(np.int64),
-            st["flow_lo"].astype(np.int64),
-            st["flow_hi"].astype(np.int64),
-        )
+        st, idle = got
         floor = int(self.s.episode_floor_s * NS)
         for i in np.flatnonzero(idle >= floor).tolist():
             comm = int(st["comm"][i])
@@ -751,3 +739,22 @@ def _only_states(view: tables.Bundle, keep: npt.NDArray[np.bool_]) -> tables.Bun
         hw=view.hw,
         source=view.source,
     )
+
+
+def _flow_samples(
+    view: tables.Bundle, lo_ns: int, t_ns: int
+) -> tuple[tables.Table, inflight.I64] | None:
+    """The state samples in ``(lo_ns, t_ns]`` that carry flows, and for each the smallest
+    ``idle_ns`` of its flows (the time since anything of its operation moved); None when there
+    are none. Without flows a sample does not tell a stall from progress (``inflight``)."""
+    st = view.states
+    m = (st["ts"] > lo_ns) & (st["ts"] <= t_ns) & (st["flow_hi"] > st["flow_lo"])
+    if not m.any():
+        return None
+    st = st[m]
+    idle = inflight.segment_min(
+        view.flows["idle_ns"].astype(np.int64),
+        st["flow_lo"].astype(np.int64),
+        st["flow_hi"].astype(np.int64),
+    )
+    return st, idle
