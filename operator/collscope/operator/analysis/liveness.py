@@ -19,7 +19,8 @@ saw it when the window was pulled, with the ring's last heartbeat), and the hang
    stops the heartbeat by design); ``exited`` (gone after closing its communicators) is left
    to the collective analysis, which sees a rank that never entered.
 2. A silence is the cause only if it began by the time the hang did: the rank's last heartbeat
-   at most ``ONSET_SLACK_NS`` after the stall the trigger saw began. A process killed later (by
+   at most ``onset_slack_ns`` after the stall the trigger saw began (``ONSET_SLACK_INTERVALS``
+   measured sampling intervals, at least ``ONSET_SLACK_NS``). A process killed later (by
    a watchdog, by someone who gave up on the hang) is a consequence, not the cause.
 3. At least one other rank is heard (``running``, fresh heartbeat): a job where every rank went
    silent at once tells nothing about which one started it.
@@ -45,7 +46,7 @@ from typing import Final
 import numpy as np
 
 from collscope.nodeagent.bundle import tables
-from collscope.operator.analysis import diagnosis, failure, placement, trigger
+from collscope.operator.analysis import diagnosis, failure, inflight, placement, trigger
 
 NS: Final = 1_000_000_000
 # The plugin beats every 100 ms and the agent re-reads a ring's header every 0.5 s
@@ -53,13 +54,19 @@ NS: Final = 1_000_000_000
 # ten missed beats: a writer that is descheduled now and then is not silent, one that stopped
 # is.
 SILENT_NS: Final = NS
-# A hang's onset as the trigger sees it is the last progress in 10 Hz state samples, on the
-# clock of another node (tens of ms apart): up to a sampling interval plus the skew after the
-# culprit stopped beating. 1 s covers both with room for sampling intervals up to ~0.9 s
-# (COLLSCOPE_SAMPLE_INTERVAL_S, 0.1 s by default; a slower one needs it larger: not derived
-# from the measured interval yet) and is far shorter than any watchdog
+# A hang's onset as the trigger sees it (``TriggerResult.since_ns``) is the last progress in
+# the sampled states, on the clock of another node (tens of ms apart): the culprit may have
+# beaten until the next sample showed no progress, up to ``state_max_age_intervals`` sampling
+# intervals later (one late or missed sample tolerated, as the trigger tolerates it), plus the
+# skew. So the slack is that many *measured* intervals (``inflight.infer_interval_ns``, the
+# interval the trigger's ``hang_floor_ns`` uses), never less than ``ONSET_SLACK_NS``: 1 s,
+# which covers the default 0.1 s sampling with room for the skew (and so sampling up to 0.5 s
+# gives 1 s as before; 2 s sampling gives 4 s). Either is far shorter than any watchdog
 # (PyTorch's NCCL watchdog waits minutes) that would kill a process because of the hang.
+# Picked, not from a paper (Mycroft's and CCL-D's logs have no liveness); checked on the
+# hand-built rings of test_liveness.py and eval-dev (bench/accuracy.py).
 ONSET_SLACK_NS: Final = NS
+ONSET_SLACK_INTERVALS: Final[float] = trigger.TriggerSettings.state_max_age_intervals
 # NVIDIA Xid codes that report the GPU or its links, not the application: 48 double-bit ECC,
 # 61/62 internal micro-controller halt, 63/64 ECC page retirement or row remapping, 74 NVLink,
 # 79 fallen off the bus, 92 high single-bit ECC rate, 94/95 contained/uncontained ECC, 119/120
@@ -100,26 +107,43 @@ def latest(bundle: tables.Bundle) -> dict[int, Seen]:
     return out
 
 
+def onset_slack_ns(interval_ns: int) -> int:
+    """How long after the trigger's stall start a silence still began with the hang (see
+    ``ONSET_SLACK_NS``): ``ONSET_SLACK_INTERVALS`` sampling intervals, at least 1 s."""
+    return max(ONSET_SLACK_NS, int(ONSET_SLACK_INTERVALS * interval_ns))
+
+
 def analyze(
-    bundle: tables.Bundle, hit: trigger.TriggerResult, *, where: placement.Placement
+    bundle: tables.Bundle,
+    hit: trigger.TriggerResult,
+    *,
+    where: placement.Placement,
+    interval_ns: int | None = None,
 ) -> failure.Finding | None:
     """The finding of a hang caused by silent processes or a lost node; None otherwise.
 
     ``bundle`` is the whole bundle as given to the engine (its liveness rows are observations
     made when the window was pulled: their heartbeat says when each writer last beat).
+    ``interval_ns``: the state sampling interval; None: measured from ``bundle``'s states
+    (``inflight.infer_interval_ns``, the trigger's default when they are too few).
     """
     if hit.kind != "hang" or len(bundle.liveness) == 0:
         return None
+    if interval_ns is None:
+        default = int(trigger.TriggerSettings().state_interval_s * NS)
+        interval_ns = inflight.infer_interval_ns(bundle, default)
+    slack = onset_slack_ns(interval_ns)
     seen = latest(bundle)
     heard = [s for s in seen.values() if _heard(s)]
     silent = [s for s in seen.values() if _silent(s)]
     if silent and heard:
-        onset = hit.since_ns + ONSET_SLACK_NS
+        onset = hit.since_ns + slack
         causes = [s for s in silent if s.heartbeat is None or s.heartbeat <= onset]
         if causes:
-            return _process(bundle, hit, causes, heard, later=len(silent) - len(causes), at=where)
+            later = len(silent) - len(causes)
+            return _process(bundle, hit, causes, heard, later=later, at=where, slack_ns=slack)
     if not silent:
-        return _lost_node(bundle, hit, seen, where)
+        return _lost_node(bundle, hit, seen, where, slack_ns=slack)
     return None
 
 
@@ -143,6 +167,7 @@ def _process(
     *,
     later: int,
     at: placement.Placement,
+    slack_ns: int,
 ) -> failure.Finding:
     causes.sort(key=lambda s: (s.heartbeat if s.heartbeat is not None else s.ts, s.rank))
     evidence = [_sentence(s, hit, at) for s in causes]
@@ -153,7 +178,7 @@ def _process(
     )
     if later:
         evidence.append(
-            f"{later} more rank(s) fell silent more than {ONSET_SLACK_NS / NS:g} s after the "
+            f"{later} more rank(s) fell silent more than {slack_ns / NS:g} s after the "
             "stall began: consequences of the hang, not its cause"
         )
     hardware = {s.rank: why for s in causes if (why := _gpu_fault(bundle, s, at))}
@@ -236,11 +261,13 @@ def _lost_node(
     hit: trigger.TriggerResult,
     seen: dict[int, Seen],
     at: placement.Placement,
+    *,
+    slack_ns: int,
 ) -> failure.Finding | None:
     unreachable = {r for r, s in seen.items() if s.state == "unreachable"}
     if not unreachable or not any(_heard(s) for s in seen.values()):
         return None
-    after = hit.since_ns + ONSET_SLACK_NS
+    after = hit.since_ns + slack_ns
     spoke = {
         int(r)
         for t in (bundle.ops, bundle.states)

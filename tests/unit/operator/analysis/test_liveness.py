@@ -202,3 +202,30 @@ def _hang(ring: Ring) -> trigger.TriggerResult:
         kind="hang", at_ns=ring.end, tick_ns=ring.end, since_ns=ring.stall_start,
         ranks=(0,), comm=0, seq=0, reason="test",
     )  # fmt: skip
+
+
+def test_the_onset_slack_scales_with_the_sampling_interval(ring: Ring) -> None:
+    # The trigger dates a hang by the last progress its state samples showed; at 2 s sampling
+    # the culprit may have beaten up to two intervals later. A rank dead 1.5 s after the seen
+    # onset started the hang at 2 s sampling (slack 2 x 2 s = 4 s); at 0.1 s sampling (slack
+    # its 1 s floor) it died later than the hang began: a consequence. 5 s after is later
+    # than either.
+    assert liveness.onset_slack_ns(100 * MS) == liveness.onset_slack_ns(500 * MS) == S
+    assert liveness.onset_slack_ns(2 * S) == 4 * S
+    base = ring.build("network")
+    where = placement.Placement.of(base.job)
+    hit = _hang(ring)
+    for after, interval, process in (
+        (1500 * MS, 2 * S, True),
+        (1500 * MS, 100 * MS, False),
+        (5 * S, 2 * S, False),
+    ):
+        seen_at = ring.stall_start + 6 * S
+        rows: dict[int, Row] = {r: ("running", seen_at - FRESH) for r in range(4)}
+        rows[2] = ("dead", ring.stall_start + after)
+        b = with_rows(base, rows, ts=seen_at)
+        f = liveness.analyze(b, hit, where=where, interval_ns=interval)
+        assert (f is not None and f.category is diagnosis.Category.HANG_PROCESS) is process, (
+            after,
+            interval,
+        )
