@@ -315,6 +315,9 @@ def _classify(ctx: _Ctx, op: _Op, evidence: list[str]) -> Finding:
         )
     if op.missing:
         return _not_entered(ctx, op, evidence, coverage=coverage)
+    late = _entered_late(ctx, op)
+    if late:
+        return _late_finding(ctx, op, late, evidence, coverage=coverage)
     comm_id = ctx.b.comm_id(c)
     rows = np.asarray([op.rows[m] for m in op.entered], dtype=np.intp)
     verdict = hardware.judge(
@@ -335,6 +338,69 @@ def _classify(ctx: _Ctx, op: _Op, evidence: list[str]) -> Finding:
         margin=verdict.margin,
         coverage=coverage * verdict.coverage,
         precision=verdict.precision,
+    )
+
+
+def _entered_late(ctx: _Ctx, op: _Op) -> dict[int, int]:
+    """Members of ``op`` that entered it after the latest state sample of every member still
+    in flight and have completed it since: ``{member: entry ns}``; empty when there are none.
+
+    An operation of NCCL's protocols moves only once every member has entered it: a ring or
+    tree collective needs every rank's data on every path, a Send its Recv (CCL-D §4.2.2 H1:
+    the ranks that entered wait for the one that did not). A member entering late explains
+    the stall of the others up to its entry, and its completion shows the operation moved
+    after that. The waiters' samples, all taken before that entry, cannot show the movement:
+    their "no progress" since before the entry is the wait on the late member, not a stopped
+    GPU (H3). At 10 s steps that wait lasts seconds and a sample taken on its own phase a
+    few ms before the late entry reads as a stall of seconds. A member still in flight after
+    a newer sample is judged on that sample as before (a GPU that stops later stays stuck).
+    """
+    if not op.completed or not op.entered:
+        return {}
+    rows = [op.rows[m] for m in op.entered]
+    newest = max(int(ctx.now.ts[i]) for i in rows)
+    stalled = max(int(ctx.now.stall_start[i]) for i in rows)
+    c, s = op.trace
+    ops = ctx.b.ops
+    mine = ops[(ops["comm"] == c) & (ops["seq"] == s) & (ops["ts"] <= ctx.t)]
+    late: dict[int, int] = {}
+    for m in op.completed:
+        start = mine["start"][mine["rank"] == m]
+        if len(start) and int(start.max()) > max(newest, stalled):
+            late[m] = int(start.max())
+    return late
+
+
+def _late_finding(
+    ctx: _Ctx, op: _Op, late: dict[int, int], evidence: list[str], *, coverage: float
+) -> Finding:
+    """HANG_NOT_ENTERED for the members that entered ``op`` late (``_entered_late``): the
+    engine then asks whether they kept moving (``progress``, CCL-D H1); having completed the
+    operation, they did, and the wait is judged as a slowdown."""
+    c, _ = op.trace
+    comm_id = ctx.b.comm_id(c)
+    waiters = len(op.entered) + len(op.completed) - len(late)
+    share = waiters / max(waiters + len(late), 1)
+    stalled = min(int(ctx.now.stall_start[op.rows[m]]) for m in op.entered)
+    newest = max(int(ctx.now.ts[op.rows[m]]) for m in op.entered)
+    desc = ctx.describe(op.trace)
+    for m, start in sorted(late.items())[:4]:
+        evidence.append(
+            f"{ctx.where.label(m)} entered {desc} only {(start - stalled) / NS:.1f} s after "
+            f"the others stopped moving in it, and has completed it since; the latest sample "
+            f"of the {len(op.entered)} rank(s) still shown in flight is "
+            f"{(start - newest) / NS * 1000:.0f} ms older than that entry: the operation "
+            f"waited on {ctx.where.label(m)}, it is not stuck (CCL-D H1)"
+        )
+    return Finding(
+        category=diagnosis.Category.HANG_NOT_ENTERED,
+        culprits=[
+            ctx.where.culprit(m, component="software", score=share, comm=comm_id)
+            for m in sorted(late)
+        ],
+        evidence=evidence,
+        margin=share,
+        coverage=coverage,
     )
 
 

@@ -198,3 +198,41 @@ def test_stuck_means_stalled_longer_than_a_sample_can_hide(ring: Ring) -> None:
     found = at(100 * MS)
     assert found is not None and found.category is Cat.HANG_NETWORK
     assert at(400 * MS) is None
+
+
+def _late_entry(entry_ns: int) -> tuple[tables.Bundle, int]:
+    """Rank 0 waits in ReduceScatter seq 10 since ``hang`` (sampled every 100 ms up to
+    hang + 2 s); ranks 1 and 2 entered with it; rank 3 enters at ``entry_ns`` and all three
+    complete 10 ms later."""
+    h = _Hang(4)
+    h.comm("0xa", [0, 1, 2, 3], ops=("ReduceScatter",))
+    h.stuck(0, "0xa", 10, since=h.hang, op="ReduceScatter")
+    for r in (1, 2, 3):
+        start = entry_ns if r == 3 else h.hang
+        end = entry_ns + 10 * MS
+        h.b.add_op(
+            rank=r, ts=end, comm="0xa", seq=10, op="ReduceScatter", nbytes=1 << 20,
+            start=start, end=end,
+        )  # fmt: skip
+    return h.build(), h.hang + 2 * S + 60 * MS
+
+
+def test_a_member_entering_after_the_waiters_last_samples_is_waited_on_not_a_stuck_gpu() -> None:
+    # Issue 12 (pcie-downgrade / gpu-power-limit at 10 s steps): rank 3 computes seconds
+    # longer and enters 30 ms after rank 0's latest sample; the operation then completes on
+    # its peers. Rank 0's "no progress for 2 s" is the wait on rank 3 (a ring collective moves
+    # only once every member entered), not a stopped GPU: without the rule the chunk table's
+    # MinData named rank 0 hang.gpu.
+    bundle, t = _late_entry(10 * S + 2 * S + 30 * MS)
+    f = _analyze(bundle, t)
+    assert f is not None and f.category is Cat.HANG_NOT_ENTERED
+    assert [c.rank for c in f.culprits] == [3]
+    assert any("entered ReduceScatter seq 10" in e and "2.0 s after" in e for e in f.evidence)
+
+
+def test_a_waiter_sampled_after_the_late_entry_is_judged_on_that_sample() -> None:
+    # Rank 3 entered at 1.5 s, before rank 0's last five samples, which still show no
+    # progress: those samples are newer evidence than the entry; the rule does not apply.
+    bundle, t = _late_entry(10 * S + 1500 * MS)
+    f = _analyze(bundle, t)
+    assert f is not None and f.category is not Cat.HANG_NOT_ENTERED
