@@ -465,7 +465,7 @@ def part_speed(sizes: tuple[int, ...]) -> str:
         tl = timeline.reconstruct(w, par, rec.job_of, len(rec.jobs), s.timeline)
         t.append(time.perf_counter())
         found = [
-            *findings.switch_level(w, par, s.findings),
+            *findings.switch_level(w, par, s.findings, tl),
             *findings.cross_group(w, par, tl, rec, s.findings),
             *findings.cross_step(w, tl, rec, s.findings),
         ]

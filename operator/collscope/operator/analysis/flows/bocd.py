@@ -46,18 +46,38 @@ BoolArray = npt.NDArray[np.bool_]
 
 @dataclass(frozen=True)
 class BocdSettings:
-    """BOCD parameters; defaults tuned on simulated flows (see bench/flows_accuracy.py)."""
+    """BOCD parameters; defaults tuned on simulated flows (see bench/flows_accuracy.py).
+
+    Every one is a probability, a count of intervals or a scale in e-folds of the series' own
+    intervals (the prior is the series' median and MAD), except ``floor_ns``, a timestamp
+    resolution. None assumes a step length: a longer step is a longer gap between DP phases,
+    which only makes its boundary stand out more (``p_gap`` has no upper end, see
+    ``gap_span``). Flows are transfer records, not samples: no sampling interval enters.
+    """
 
     # LLMPrism §IV-B: "If this likelihood exceeds a predefined threshold (set to 0.95 ...)".
     threshold: float = 0.95
-    # Prior probability that any one interval is a boundary: 1/50, about one step in the flows
-    # of a DP pair (a few buckets) to a PP pair (2 flows per micro-batch) over a minute.
+    # Prior probability that any one interval is a boundary: 1/50, picked between the flows
+    # per step of a DP pair (a few buckets) and of a PP pair (2 flows per micro-batch), checked
+    # on bench/flows_accuracy.py. A count of flows per step, not a time: steps of any length.
     hazard: float = 0.02
-    max_run: int = 32  # run lengths kept; longer runs share the longest slot
-    alpha0: float = 1.0  # prior pseudo-observations of the variance (heavy tails: 2 dof)
-    kappa0: float = 1.0  # prior pseudo-observations of the mean
-    min_scale: float = 0.5  # floor of the prior's scale, in e-folds of the interval
-    # A boundary may lie up to e^9.2 ≈ 10^4 times the median interval above it.
+    # Run lengths kept, in intervals (cost O(T x max_run)); longer runs share the longest
+    # slot, whose statistics are then the last 31 intervals: enough for a Student-t of a
+    # step's spacing. Picked for speed (bench/flows_accuracy.py part 4); a count.
+    max_run: int = 32
+    # Prior pseudo-observations of the variance and of the mean: the weakest proper prior
+    # (2 dof, heavy tails), so that a step's own intervals decide after a few. Picked.
+    alpha0: float = 1.0
+    kappa0: float = 1.0
+    # Floor of the prior's scale, in e-folds of the interval (a factor e^0.5 ≈ 1.6): a series
+    # whose intervals are all equal must not make every small wobble a boundary. Picked on
+    # the simulator's flows; relative, so independent of step length and link speed.
+    min_scale: float = 0.5
+    # The boundary density p_gap is uniform over 9.2 e-folds (e^9.2 ≈ 10^4 times the median
+    # interval) above the median: it sets how unlikely a long pause is a priori, not a cap. A
+    # gap beyond it (a step over 10^4 intra-step intervals, e.g. 10 s at the 1 ms floor) is
+    # scored with the same density and is an even clearer boundary (the run's Student-t falls
+    # further). Picked: 10^4 spans ms-scale intra-step spacing to 10 s pauses.
     gap_span: float = 9.2
     # Intervals are idle times plus 1 ms: IPFIX stamps flows in milliseconds, and an idle gap
     # shorter than that is a launch latency between back-to-back transfers (DP buckets, QPs

@@ -97,7 +97,7 @@ def analyze(
     tl = timeline.reconstruct(ft, par, rec.job_of, len(rec.jobs), settings.timeline)
     s = settings.findings
     found = [
-        *findings.switch_level(ft, par, s),
+        *findings.switch_level(ft, par, s, tl),
         *findings.cross_group(ft, par, tl, rec, s),
         *findings.cross_step(ft, tl, rec, s),
     ]

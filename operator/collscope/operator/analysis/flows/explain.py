@@ -20,7 +20,8 @@ from collscope.operator.analysis import diagnosis
 from collscope.operator.analysis.flows import findings, jobs, nic, parallelism, table, topology
 
 NS = 1_000_000_000
-# Score of a group member that is not a NIC candidate, relative to the candidates'.
+# Score of a group member that is not a NIC candidate, relative to the candidates': below
+# them, above nothing (it is in the slow group). Picked; a ratio of scores, no time.
 OTHER_MEMBER_SHARE = 0.8
 LISTED = 4  # members whose hops an evidence line spells out (a DP ring may have hundreds)
 
@@ -38,6 +39,9 @@ class Context:
 
 
 def score(f: findings.Finding, k: float) -> float:
+    """0.5 at z = k rising to 1 at z = 2k, times 0.5 + 0.5 x the share of tested steps or bins
+    since the first outlier that were outliers; at most 0.99 (flows never see the fault
+    itself). Picked (module docstring); counts of steps or bins, not times."""
     st = f.stat
     strength = 0.5 + 0.5 * min(1.0, max(0.0, (st.z - k) / k))
     share = st.outliers / st.tested if st.tested else 1.0
@@ -89,12 +93,13 @@ def sentence(f: findings.Finding, ctx: Context) -> str:
     st, k = f.stat, settings.k
     run = f"{st.outliers} of {st.tested}"
     if f.level == "switch":
+        bin_s = f.bin_ns / NS if f.bin_ns else settings.switch_bin_s
         change = (st.value / st.mean - 1) * 100 if st.mean else 0.0
         return (
             f"switch {f.name}: bandwidth (p{settings.switch_quantile * 100:.0f} of the "
             f"training flows through it) {st.value:.1f} GB/s vs {st.mean:.1f} ± "
             f"{st.sigma:.1f} GB/s on the {st.peers} other switches ({change:+.0f} %), below "
-            f"mean - {k:g} sigma in {run} {settings.switch_bin_s:g}-s bins since "
+            f"mean - {k:g} sigma in {run} {bin_s:g}-s bins since "
             f"{when(f.since_ns, t0)}; {f.extra}"
             + (
                 f"; its slow flows belong to rings that also cross {', '.join(f.explained_by)}"

@@ -33,18 +33,49 @@ NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class FindingSettings:
-    k: float = 3.0  # LLMPrism §IV-D: "k is set to 3"
-    persist: int = 2  # consecutive outlier steps (bins) before a unit is reported
-    min_peers: int = 3  # units a unit is compared with (cross-group, switch-level)
-    min_baseline: int = 3  # earlier steps a step is compared with (cross-step)
-    # sigma floors as a share of the mean: step durations agree to ~0.5 % step to step; DP groups
-    # and switches to a few % (rate jitter, ECMP)
+    # Every setting below is a count of steps or bins, a ratio or a share: none is a time
+    # except ``switch_bin_s``, which scales with the measured step (``switch_bin_ns``). Flows
+    # are records of transfers, not samples, so no setting depends on a sampling interval.
+    # LLMPrism §IV-D: "k is set to 3" (mean + 3 sigma of the reference).
+    k: float = 3.0
+    # Consecutive outlier steps (cross-step, cross-group) or switch bins before a unit is
+    # reported. Picked: one outlier step is a hiccup (a checkpoint, a GC pause), two in a row
+    # a condition; checked on bench/flows_accuracy.py (no false alarm on healthy fabrics).
+    # A count, so detection takes two steps (two bins, each at least a step) however long.
+    persist: int = 2
+    # Units a unit is compared with (cross-group, switch-level) and earlier steps a step is
+    # compared with (cross-step). Picked: fewer than 3 give no spread to speak of (a sigma
+    # from two values); the paper gives no minimum. Counts, not times.
+    min_peers: int = 3
+    min_baseline: int = 3
+    # Sigma floors as a share of the reference mean, so that an unusually quiet reference does
+    # not turn noise into an alarm. Picked on the simulator (bench/flows_accuracy.py): step
+    # durations agree to ~0.5 % step to step (floor 1 %); DP groups' time per byte and
+    # switches' bandwidth to a few % (rate jitter, ECMP; floor 5 %). Ratios: independent of
+    # step length.
     step_rel_sigma: float = 0.01
     group_rel_sigma: float = 0.05
     switch_rel_sigma: float = 0.05
-    switch_bin_s: float = 10.0  # about two steps: every switch sees several DP phases
+    # Switch-level time bins: a bin must hold every job's DP phase (once per step), or a
+    # switch's bandwidth quantile swings with which jobs' phases fell into the bin. So the bin
+    # is at least ``switch_bin_steps`` of the longest measured job step (median over the
+    # window's reconstructed steps, ``timeline``): one step is the least that holds a DP phase
+    # end of every job in every bin. It is never shorter than ``switch_bin_s``, picked: 10 s
+    # holds one to four steps of the simulator's jobs (2.6-6.5 s measured on its 256- and
+    # 512-GPU presets; the longest it can build, pp 8 at 200 ms per forward, about 9.5 s), so
+    # the scaling changes nothing on bench/flows_accuracy.py; LLMPrism gives no bin. Steps over
+    # 10 s (long sequences, large global batches) now get bins of one step, not 10 s bins that
+    # some jobs' DP phases skip.
+    switch_bin_s: float = 10.0
+    switch_bin_steps: float = 1.0
+    # The statistic of a switch in a bin: the 0.9 quantile of its flows' bandwidth (module
+    # docstring: a congested switch carries no fast ring). Picked on the simulator's
+    # switch faults; a ratio, independent of time.
     switch_quantile: float = 0.9
-    min_switch_flows: int = 8  # flows a switch needs in a bin to be judged
+    # Flows a switch needs in a bin to be judged: fewer give no quantile worth comparing.
+    # Picked (a DP ring phase crosses a leaf with a few flows per ring); a bin holds at least
+    # one step of every job, so the count is of flows per step, whatever the step length.
+    min_switch_flows: int = 8
     switch_flows: str = "dp+pp"  # or "dp": the paper's choice
 
 
@@ -77,6 +108,7 @@ class Finding:
     # job findings: the job's own DP flows slowed too (x this factor per byte), all its groups
     # alike, so the cause is network even with no group or switch to blame; 0.0 when not
     dp_slowdown: float = 0.0
+    bin_ns: int = 0  # switch findings: the bin width they were judged in (``switch_bin_ns``)
 
 
 def cell_quantile(
@@ -194,6 +226,8 @@ def cross_group(
         local[mine] = np.arange(len(mine))
         sel = local[group] >= 0
         shape = (len(mine), len(steps.ends))
+        # median (0.5) time per byte of each group's DP flows in each step: robust to a few
+        # retransmitted or cut records; per step, so independent of step length
         grid, _ = cell_quantile(local[group[sel]], step[sel], per_byte[sel], shape, 0.5)
         # when each group's DP phase of each step ended (its own, not the job's median)
         ended, _ = cell_quantile(
@@ -219,9 +253,22 @@ def cross_group(
     return out
 
 
+def switch_bin_ns(tl: timeline.Timelines | None, s: FindingSettings) -> int:
+    """The switch-level bin: ``switch_bin_steps`` of the longest job's median measured step,
+    at least ``switch_bin_s`` (``FindingSettings``)."""
+    steps = [] if tl is None else [j.durations[~np.isnan(j.durations)] for j in tl.jobs]
+    step = max((float(np.median(d)) for d in steps if d.size), default=0.0)
+    return max(int(s.switch_bin_s * NS), int(s.switch_bin_steps * step))
+
+
 def switch_level(
-    flows: table.FlowTable, par: parallelism.Parallelism, s: FindingSettings
+    flows: table.FlowTable,
+    par: parallelism.Parallelism,
+    s: FindingSettings,
+    tl: timeline.Timelines | None = None,
 ) -> list[Finding]:
+    """Switches slower than the others for ``persist`` bins (``switch_bin_ns``; ``tl``: the
+    window's timelines, whose steps set the bin; None: ``switch_bin_s``)."""
     rows = par.rows if s.switch_flows != "dp" else par.rows[par.dp[par.flow_pair]]
     rows = rows[flows.duration[rows] > 0]
     span = flows.time_span()
@@ -231,7 +278,7 @@ def switch_level(
     dp_of_row = np.zeros(len(flows), dtype=bool)
     dp_of_row[par.rows] = par.dp[par.flow_pair]
     is_dp = dp_of_row[flow]
-    bin_ns = int(s.switch_bin_s * NS)
+    bin_ns = switch_bin_ns(tl, s)
     bins = (flows.ts[flow] - span[0]) // bin_ns
     n_bins = int(bins.max()) + 1 if len(bins) else 0
     bw = flows.nbytes[flow] / flows.duration[flow]  # bytes per ns = GB/s
@@ -264,6 +311,7 @@ def switch_level(
                 detected_ns=span[0] + (int(reached[u]) + 1) * bin_ns,
                 extra=extra,
                 stat=_summarise(scores, flags, grid, u, int(first[u])),
+                bin_ns=bin_ns,
             )
         )
     return out

@@ -27,7 +27,8 @@ I32Array = npt.NDArray[np.int32]
 
 @dataclass(frozen=True)
 class JobSettings:
-    # Algorithm 1 line 12: merge when the server sets are identical (Jaccard similarity = 1).
+    # Algorithm 1 line 12: merge when the server sets are identical (Jaccard similarity = 1;
+    # LLMPrism §IV-A). A similarity of sets: independent of time, steps and sampling.
     jaccard: float = 1.0
 
 

@@ -48,7 +48,7 @@ def across(
     rel_sigma: float,
     min_peers: int,
     worse: str = "high",
-    rounds: int = 2,
+    rounds: int = 2,  # re-scorings with the outliers out of the reference (picked: two settle)
 ) -> tuple[Scores, BoolArray]:
     """Leave-one-out k-sigma of each unit against the other units at the same time.
 
@@ -65,6 +65,7 @@ def across(
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
             med = np.nanmedian(values, axis=0, keepdims=True)
             mad = np.nanmedian(np.abs(values - med), axis=0, keepdims=True)
+            # 1.4826 = 1 / Φ⁻¹(3/4): MAD of a normal sample x this is its standard deviation
             spread = np.maximum(1.4826 * mad, rel_sigma * np.abs(med))
             robust = sign * (values - med) / spread
         ref = ok & ~(np.nan_to_num(robust, nan=0.0, posinf=np.inf) > k)

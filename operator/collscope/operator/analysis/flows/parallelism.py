@@ -35,14 +35,18 @@ BoolArray = npt.NDArray[np.bool_]
 @dataclass(frozen=True)
 class ParallelismSettings:
     bocd: bocd.BocdSettings = field(default_factory=bocd.BocdSettings)
-    # Sizes within 0.5 % are "the same size": exact byte counts from mirroring or IPFIX pass
-    # unchanged, collectors that round to KiB still agree.
+    # Relative tolerance under which two flow sizes are "the same size" (0: exact). Exact byte
+    # counts from mirroring or IPFIX need none; set it above the sampling error for sFlow
+    # (engine docstring) or 0.005 for collectors that round to KiB. A ratio of bytes: no time.
     size_rel_tol: float = 0.0
     # A size seen fewer times than this among a pair's flows in the window is a noise record
     # (partly mirrored, retransmitted, cut by an export timeout), not a distinct size: PP pairs
     # often form one undivided "step" (a 1F1B pipeline's gap between steps is only about twice
     # its longest gap inside one), where a single odd record would otherwise make them DP.
-    # DP bucket sizes recur every step. 1 = the paper's plain count.
+    # DP bucket sizes recur every step. 1 = the paper's plain count; 2 picked, checked on
+    # bench/flows_accuracy.py part 1 ("paper count" columns). A count of flows in the window:
+    # the window must hold two steps (a minute holds many at the simulator's 3-5 s steps; a
+    # window shorter than two steps gives no DP/PP verdict worth having either way).
     min_size_repeats: int = 2
     refine: bool = True  # Algorithm 2 lines 14-16 (off only to measure what it gains)
 

@@ -127,6 +127,8 @@ def _align(
         diffs = np.diff(seg_end[idx])[same]
         period = float(np.median(diffs)) if len(diffs) else np.inf
         order = idx[np.argsort(seg_end[idx], kind="stable")]
+        # a new job step where consecutive phase ends lie more than half a measured step apart
+        # (module docstring): relative to this job's own step, so any step length works
         jump = np.diff(seg_end[order]) > period / 2
         step = np.concatenate(([0], np.cumsum(jump)))
         seg_step[order] = step
