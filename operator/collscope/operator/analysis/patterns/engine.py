@@ -12,6 +12,13 @@ the first sets the category (kernel: slow.compute, comm: slow.network, memory an
 slow.host; imbalance: slow.host with a ``software`` culprit), and every finding becomes an
 evidence sentence naming the function, the workers and how they differ.
 
+Units: every threshold here is a share of a profiling window (β: share of the window f is on
+the critical path; μ, sigma: mean and spread of its resource utilisation, all in [0, 1]), a
+count of workers or a probability; none is a time, so none assumes a step length or a
+sampling interval. What is assumed of time is the profiler's: its window must hold several
+steps so that β is a share of whole iterations (EROICA §4.1 and §7: a 20 s window, at the
+3.6 s iterations of §6.1 about five); ``table.window_ns`` reports it.
+
 Cost: O(rows x N) in numpy blocks; a million workers with ten functions each is well under
 a minute on one core (``bench/patterns_localise.py``).
 """
@@ -42,6 +49,8 @@ class PatternSettings:
     discoveries: discoveries.DiscoverySettings = field(
         default_factory=discoveries.DiscoverySettings
     )
+    # Culprits listed per finding and in all: a Diagnosis names workers for a person to look
+    # at, and a common problem flags hundreds. Picked (display limits, not judgements).
     culprits_per_function: int = 16
     max_culprits: int = 64
 
@@ -170,6 +179,9 @@ def to_diagnosis(
     if report.findings:
         top = report.findings[0]
         category, _ = explain.CATEGORY[top.kind]
+        # picked: a few workers unlike the rest (or a distinct one among many) 0.9; a problem
+        # of half the job or more, whose cause may lie outside the flagged function, 0.8;
+        # imbalance alone, a property of the input more than of a worker, 0.6
         confidence = 0.9 if top.distinct.size or not top.common else 0.8
     else:
         category, confidence = diagnosis.Category.SLOW_HOST, 0.6

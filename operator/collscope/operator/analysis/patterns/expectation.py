@@ -10,7 +10,8 @@ The paper's ranges, from its production experience:
 
 The paper gives none for memory operations (malloc, memcpy, pin_memory); ours is β in
 [0, 0.05]: copies and allocations the GPU waits for are expected to be a few percent at most.
-μ and sigma are unconstrained ([0, 1]) for every kind, as in the paper.
+μ and sigma are unconstrained ([0, 1]) for every kind, as in the paper. All are shares of the
+profiling window or utilisations: no step length or sampling interval is assumed.
 """
 
 from __future__ import annotations

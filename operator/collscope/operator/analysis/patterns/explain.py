@@ -12,7 +12,8 @@ import numpy as np
 from collscope.operator.analysis import diagnosis, placement
 from collscope.operator.analysis.patterns import imbalance, localise, table
 
-MAX_LISTED = 8
+# Wording only: no constant here decides a verdict, and none is a time.
+MAX_LISTED = 8  # ranks an evidence sentence lists before "and N more"
 _DIMS = ("β", "μ", "\u03c3")
 
 # kind -> (category, culprit component) of the Diagnosis table (docs/spec/bundle-v1.md)
@@ -40,6 +41,8 @@ def _rest(x: table.F64) -> str:
     if x.size == 0:
         return "no other worker"
     lo, hi = (float(v) for v in np.percentile(x, [5, 95]))
+    # a range spanning more than 5x, or all under 1.5 % (Eq. 11's 1 % plus rounding), reads
+    # better as an upper bound; picked for wording
     if lo < 0.2 * hi or hi <= 0.015:
         return f"≤ {max(hi, 0.01):.2f}"
     return f"{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}-{hi:.2f}"
@@ -52,7 +55,7 @@ def _differing(flagged: Sequence[table.F64], rest: Sequence[table.F64]) -> list[
         if a.size == 0 or b.size == 0:
             continue
         ma, mb = float(np.median(a)), float(np.median(b))
-        if abs(ma - mb) > 0.15 * max(ma, mb, 1e-9):
+        if abs(ma - mb) > 0.15 * max(ma, mb, 1e-9):  # picked for wording: a visible difference
             dims.append(i)
     return dims or [0]
 
@@ -141,6 +144,8 @@ def gc_note(found: Sequence[localise.FunctionFinding]) -> str | None:
         return None
     sets = [set(map(int, f.ranks)) for f in py]
     union = set().union(*sets)
+    # "little overlap": each worker in 1.5 of the functions' sets on average at most (picked;
+    # the paper's three functions each hit a few random workers, §6.1 Problem 3)
     if sum(len(s) for s in sets) > 1.5 * len(union):
         return None
     return (

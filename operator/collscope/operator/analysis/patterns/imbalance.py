@@ -24,11 +24,16 @@ from collscope.operator.analysis.patterns import table
 
 @dataclass(frozen=True)
 class ImbalanceSettings:
-    min_beta: float = 0.01
-    min_workers: int = 8
-    beta_spread: float = 1.3  # p95/p5 of β at least this ...
-    mu_spread: float = 1.2  # ... with p95/p5 of μ below this
-    min_share: float = 0.5  # of the qualifying kernels
+    """Ours (module docstring), all shares of the profiling window, ratios or counts of
+    workers: none assumes a step length or a sampling interval."""
+
+    min_beta: float = 0.01  # a kernel examined costs over 1 % of the window (Eq. 11's β)
+    min_workers: int = 8  # workers running it: p5 and p95 of fewer are the extremes
+    # p95/p5 of β at least this (30 % between busy and idle workers; the paper's 46 % is
+    # busiest over most idle, §6.2 Problem 4, healthy jobs a few %) ...
+    beta_spread: float = 1.3
+    mu_spread: float = 1.2  # ... with p95/p5 of μ below this (equal hardware speed)
+    min_share: float = 0.5  # of the qualifying kernels: imbalance touches most of them
     busiest_share: float = 0.05  # culprits: the busiest 5 % of workers
 
 

@@ -29,15 +29,22 @@ from collscope.operator.analysis.patterns import differential, discoveries, expe
 
 @dataclass(frozen=True)
 class LocaliseSettings:
-    min_beta: float = 0.01  # β > 0.01 of Eq. 11
+    # β > 0.01 of Eq. 11 (EROICA §4.3): a function under 1 % of the profiling window is
+    # noise to the customer. A share of the window: no step length or sampling assumed.
+    min_beta: float = 0.01
     ranges: dict[str, expectation.ExpectedRange] = field(
         default_factory=lambda: dict(expectation.DEFAULT_RANGES)
     )
     differential: differential.DifferentialSettings = field(
         default_factory=differential.DifferentialSettings
     )
-    min_flagged_for_rerun: int = 5  # the second Δ pass among flagged workers needs this many
-    distinct_rel: float = 0.25  # ... and reports workers whose median μ or sigma differs this much
+    # The second Δ pass (module docstring, EROICA §6.2 Problem 2) needs this many flagged
+    # workers: among fewer, "most of them" is one or two. Picked; a count of workers.
+    min_flagged_for_rerun: int = 5
+    # ... and reports workers whose median μ or sigma differs this much (relative) from the
+    # other flagged ones: the paper's faulty NIC differs by far more (μ about half). Picked,
+    # checked on simulator.patterns' nic-down case (bench/patterns_localise.py); a ratio.
+    distinct_rel: float = 0.25
 
 
 @dataclass(frozen=True)
