@@ -27,7 +27,8 @@ scores a directory laid out like ``../shared/eval-dev/``::
 The replay models the operator's live pull (docs/design.md, "Data path" 5): at each tick the
 trigger gets the windows of the sampled ranks and, unless ``--sampled-only``, every rank's
 ``GET /v1/summaries`` row for the job-wide hang check (``analysis/jobwide.py``), made here by
-the agent's own ``summary.summarize`` (``Summaries``) from the records an agent would hold then.
+the agent's own ``summary.summarize`` from the records an agent would hold then
+(``analysis/summaries.py``'s ``Summaries``, the one ``collscope analyze`` replays with).
 
 Per case, against the truth: *detected* (an anomaly reported), *top-1* (the first culprit's rank
 is a truth culprit), *right node* (the first culprit's node, from job.json, is the node of a
@@ -65,10 +66,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from collscope.nodeagent import api, summary
 from collscope.nodeagent.bundle import reader, tables
-from collscope.operator.analysis import diagnosis, placement, view
+from collscope.operator.analysis import diagnosis, placement
 from collscope.operator.analysis import engine as analysis
+from collscope.operator.analysis.summaries import Summaries
 from collscope.operator.cli import progress
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
@@ -81,11 +82,6 @@ ALGOS: tuple[config.Algo, ...] = ("ring", "tree")
 # Confidence bins of the reliability table, [lo, hi); the last one also holds 1.0. 0.8 is the
 # confidence from which issue 12 wants verdicts right >= 95 % of the time.
 RELIABILITY_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.95), (0.95, 1.0))
-
-# The summaries' window as the operator asks for it (trigger_loop.JOBWIDE_WINDOW_S), and the
-# agent's slack for the latest state sample (Service.summaries: two sampling periods).
-SUMMARY_WINDOW_S = 1.0
-SUMMARY_SLACK_S = 0.2
 
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
@@ -203,49 +199,6 @@ def score(
         analysis_s=analysis_s,
         prepare_s=prepare_s,
     )
-
-
-class Summaries:
-    """``engine.diagnose``'s ``summaries``: every rank's ``/v1/summaries`` row at tick ``t``, as
-    its node's agent answers (``Service.summaries``): ``summary.summarize`` over the node's
-    records of the last ``SUMMARY_WINDOW_S`` plus slack, the rank's latest completion held
-    (``Window.last_completion``). The bundle gives no sampling times, so ``sampled_ns`` is
-    None (the latest state rows stand for the latest sample: a stale one is told by its age).
-    Ticks must come in increasing order (the latest completions are accumulated)."""
-
-    def __init__(self) -> None:
-        self._prev_ns: int | None = None
-        self._last: dict[int, int] = {}
-        self._nodes: dict[str, list[int]] | None = None
-
-    def __call__(self, bundle: tables.Bundle, t_ns: int) -> list[api.TriggerSummary]:
-        if self._nodes is None:
-            where = placement.Placement.of(bundle.job)
-            self._nodes = {}
-            for r in sorted({int(i.rank) for i in bundle.job.ranks}):
-                self._nodes.setdefault(where.node(r) or "-", []).append(r)
-        ops = bundle.ops
-        new = ops[(ops["ts"] <= t_ns) & (ops["ts"] > (self._prev_ns or -1))]
-        self._prev_ns = t_ns
-        for r, e in zip(new["rank"].tolist(), new["end"].tolist(), strict=True):
-            self._last[r] = max(self._last.get(r, e), e)
-        lo = t_ns - int((SUMMARY_WINDOW_S + SUMMARY_SLACK_S) * 1e9)
-        cut = view.select(bundle, since_ns=lo, until_ns=t_ns)
-        out = []
-        for ranks in self._nodes.values():
-            mine = view.select(cut, ranks=ranks)
-            for r in ranks:
-                got = summary.summarize(
-                    mine,
-                    r,
-                    now_ns=t_ns,
-                    window_s=SUMMARY_WINDOW_S,
-                    sampled_ns=None,
-                    health="live",
-                    last_completion_ns=self._last.get(r),
-                )
-                out.append(got)
-        return out
 
 
 def without_hw(bundle: tables.Bundle) -> tables.Bundle:

@@ -1,8 +1,8 @@
 """The job-wide hang check's cost per tick (issue 12; ``analysis/jobwide.py``).
 
 Every tick the operator pulls each rank's ``/v1/summaries`` row and runs the check over all of
-them. This measures, on an eval-dev bundle's replayed rows (``accuracy.Summaries``, the agent's
-own ``summary.summarize``), replicated to ``--ranks`` ranks: the JSON bytes per rank, the
+them. This measures, on an eval-dev bundle's replayed rows (``analysis/summaries.py``, the
+agent's own ``summary.summarize``), replicated to ``--ranks`` ranks: the JSON bytes per rank, the
 agent's ``summarize`` time per rank, the operator's parse of one 8-rank node's answer and the
 check (``JobWide.update``) over every row. Not over HTTP (``bench/operator_scale.py`` is).
 
@@ -14,16 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
 
 from collscope.nodeagent import api
 from collscope.nodeagent.bundle import reader
-from collscope.operator.analysis import jobwide
-
-if TYPE_CHECKING:
-    from bench import accuracy
-else:
-    import accuracy
+from collscope.operator.analysis import jobwide, summaries
 
 NS = 1_000_000_000
 
@@ -39,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if span is None:
         print(f"{a.bundle}: no records", file=sys.stderr)
         return 1
-    rows_of = accuracy.Summaries()
+    rows_of = summaries.Summaries()
     ticks = [span[1] - (a.ticks - i) * NS for i in range(a.ticks)]
     t0 = time.perf_counter()
     per_tick = [rows_of(bundle, t) for t in ticks]

@@ -10,8 +10,8 @@ Each case simulates one job with collscope's simulator (the fault on a seeded ra
 (``SimConfig.sample_phase``), node clocks disagree by up to ``--skew`` ms, compute spans jitter
 by 0, 3 or 5 % (seed mod 3), and the compute of every step is scaled by ``--scales`` (a step
 lasts ~0.16 s x scale: 0.3 -> ~50 ms, 63 -> ~10 s). It then runs ``analysis.engine.diagnose``,
-fed every rank's job-wide summary each tick exactly as bench/accuracy.py does
-(``accuracy.Summaries()``; ``--sampled-only``: the sampled ranks' windows alone, as before),
+fed every rank's job-wide summary each tick as bench/accuracy.py and collscope analyze do
+(``analysis.summaries.Summaries()``; ``--sampled-only``: the sampled ranks' windows alone),
 and counts a case right when the top culprit is a truth culprit and the category is the
 expected one (a fault-free case: no anomaly). The unit test
 ``tests/unit/operator/analysis/test_time_invariance.py`` draws the same shifts with hypothesis
@@ -27,16 +27,10 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import TYPE_CHECKING
 
-from collscope.operator.analysis import engine
+from collscope.operator.analysis import engine, summaries
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
-
-if TYPE_CHECKING:  # mypy reads bench/ as the namespace package ``bench``
-    from bench import accuracy
-else:  # run as a script: its own directory, bench/, is on sys.path
-    import accuracy
 
 STEP_S_PER_SCALE = 0.16
 JITTERS = (0.0, 0.03, 0.05)
@@ -79,7 +73,7 @@ def run(c: Case) -> tuple[Case, bool, str]:
             workload=w,
         )
     )
-    d = engine.diagnose(sim.bundle, summaries=accuracy.Summaries() if c.jobwide else None)
+    d = engine.diagnose(sim.bundle, summaries=summaries.Summaries() if c.jobwide else None)
     tr = sim.truth
     if tr.expected_category is None:
         ok = not d.anomaly

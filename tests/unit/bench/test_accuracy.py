@@ -15,6 +15,7 @@ import pytest
 
 from collscope.nodeagent.bundle import models, reader, writer
 from collscope.operator.analysis import engine as analysis
+from collscope.operator.analysis import summaries
 from collscope.operator.simulator import config, engine, truth
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,7 +81,7 @@ def test_bundles_are_scored_case_by_case(eval_dir: tuple[Path, int, int]) -> Non
     got = [acc.run_bundle(c) for c in acc.bundle_cases(root)]
     # The analysis itself, run here on the same files: the bench must report what it said.
     # (with the job-wide rows each tick, as the bench replays the live pull: cbe180d)
-    diag = analysis.diagnose(reader.load(root / "case-001"), summaries=acc.Summaries())
+    diag = analysis.diagnose(reader.load(root / "case-001"), summaries=summaries.Summaries())
     assert diag.anomaly and diag.detected_at is not None
     where = {r.rank: r.node for r in reader.load(root / "case-001").job.ranks}
     assert where[culprit] == where[culprit ^ 1] != where[(culprit + 8) % 16]
