@@ -1,8 +1,9 @@
 """Per-rank signals of a slowdown, each from a paper rule; ``straggler`` weighs them.
 
 - ``late_starts`` (Mycroft Algorithm 2 lines 16-18 "constant late starts", §5.4 cross-group):
-  in each collective round of the window, the member that entered last by more than
-  ``max(late_min, late_factor x the op's baseline arrival spread)`` counts, unless its
+  in each collective round of the window, the member that entered last (the shortest
+  duration: the others waited for it) by more than ``max(late_min, late_factor x the op's
+  baseline arrival spread)`` (Tmax - Tmin, CCL-D §4.2.1) counts, unless its
   lateness is *explained*: its own time outside operations since the previous round of that
   communicator (``rounds.Rounds.own``) is not longer than the other members' by at least
   ``explained_share`` of the lateness. A victim of another group arrives late with an ordinary
@@ -88,7 +89,11 @@ def late_starts(
     at least ``min_share`` of the rounds it took part in count; a few late entries among many
     rounds are jitter.
     """
-    spread = by_key(base, base.r_start_max - base.r_start_min)
+    # Arrival spread from durations, not start times (CCL-D §4.2.1: the first to arrive waits
+    # for the last, so Tmax - Tmin is the spread): each duration is read on its own rank's
+    # clock, so a node clock offset left by ``clocks`` (32 ms seen at 50 ms steps) neither
+    # widens the baseline spread nor makes a punctual member of that node look late.
+    spread = by_key(base, base.r_tmax - base.r_tmin)
     out = np.zeros(len(ranks))
     multi = np.flatnonzero((win.r_n >= 2) & ~np.isin(win.r_op, sorted(p2p_ops)))
     # Shares are counted per (comm, op, bytes): a ReduceScatter and the AllGather that follows
@@ -101,11 +106,11 @@ def late_starts(
         lo, n = int(win.r_lo[i]), int(win.r_n[i])
         for r in win.rank[lo : lo + n].tolist():
             took[(r, k)] += 1
-        st = win.start[lo : lo + n]
+        dur = win.end[lo : lo + n] - win.start[lo : lo + n]
         own = win.own[lo : lo + n]
-        j = int(np.argmax(st))
+        j = int(np.argmin(dur))  # the last to arrive waits for nobody: the shortest duration
         others = np.delete(np.arange(n), j)
-        lateness = float(st[j] - np.median(st[others]))
+        lateness = float(np.median(dur[others]) - dur[j])  # how long the others waited for it
         if lateness <= max(late_min_ns, late_factor * spread.get(k, late_min_ns)):
             continue
         known = own[others] >= 0
@@ -121,9 +126,22 @@ def late_starts(
 
 
 def transfer(
-    win: rounds.Rounds, base: rounds.Rounds, ranks: I64, *, slowdown: float, min_excess_ns: float
+    win: rounds.Rounds,
+    base: rounds.Rounds,
+    ranks: I64,
+    *,
+    slowdown: float,
+    min_excess_ns: float,
+    recent_ns: int | None = None,
 ) -> tuple[F64, list[str]]:
-    """log2 transfer slowdown summed over each rank's slowed communicators, and notes."""
+    """log2 transfer slowdown summed over each rank's slowed communicators, and notes.
+
+    ``recent_ns``: the window's transfer time is the median over its rounds that ended after
+    it (keys without such a round: over all). The window's start only bounds the onset from
+    below (a rank that rotated into the sample stretches it back to its last visit, seconds
+    before the fault): the trigger saw the slowdown at the window's end, and a median over a
+    window half before the onset is the healthy transfer time (nic-slow at 50 ms steps: a
+    6 s window, the NIC slowed 3 s into it)."""
     out = np.zeros(len(ranks))
     notes: list[str] = []
     # Only rounds every member completed: a round cut by the window's edge lacks its last
@@ -132,6 +150,8 @@ def transfer(
     size = {k: max(in_base.get(k, 0), in_win.get(k, 0)) for k in {**in_base, **in_win}}
     tb = by_key(base, base.r_tmin, _complete(base, size))
     tw = by_key(win, win.r_tmin, _complete(win, size))
+    if recent_ns is not None:
+        tw |= by_key(win, win.r_tmin, _complete(win, size) & (win.r_end_max > recent_ns))
     for k, now in sorted(tw.items()):
         before = tb.get(k)
         if before is None or before <= 0:

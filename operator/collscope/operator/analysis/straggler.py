@@ -201,7 +201,12 @@ def _analyze(
         min_share=s.min_late_share,
     )
     net, notes = signals.transfer(
-        win, base, ranks, slowdown=s.net_slowdown, min_excess_ns=s.net_min_excess_s * NS
+        win,
+        base,
+        ranks,
+        slowdown=s.net_slowdown,
+        min_excess_ns=s.net_min_excess_s * NS,
+        recent_ns=since_ns + (t_ns - since_ns) // 2,  # the second half: what the trigger saw
     )
     st = bundle.states
     rows = np.flatnonzero(

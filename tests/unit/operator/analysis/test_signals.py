@@ -35,9 +35,10 @@ class _Ops:
         return rounds.build(ops[ops["end"] > cut]), rounds.build(ops[ops["end"] <= cut])
 
 
-def _late_job(*, explained: bool = False, op: str = "AllReduce") -> _Ops:
+def _late_job(*, explained: bool = False, op: str = "AllReduce", skew: int = 0) -> _Ops:
     """Rank 2 enters the window's rounds 30 ms after the others (if ``explained``, because it
-    was busy 30 ms in another communicator; otherwise because it computed longer)."""
+    was busy 30 ms in another communicator; otherwise because it computed longer). Rank 1's
+    clock runs ``skew`` ns ahead (every time it writes is shifted)."""
     o = _Ops()
     for k in range(BASE_ROUNDS + 3):
         t = k * 100 * MS
@@ -47,7 +48,8 @@ def _late_job(*, explained: bool = False, op: str = "AllReduce") -> _Ops:
             start = t + r * 100_000 + (late if r == 2 else 0)
             if explained and r == 2 and late:
                 o.add(2, "0xb", k, t, t + late)
-            o.add(r, "0xa", k, start, end, op=op)
+            shift = skew if r == 1 else 0
+            o.add(r, "0xa", k, start + shift, end + shift, op=op)
     return o
 
 
@@ -72,6 +74,16 @@ def test_constant_late_starter_is_counted_every_round() -> None:
     assert _late(_late_job()) == [0.0, 0.0, 2.0]
 
 
+def test_a_node_clock_offset_neither_hides_nor_fakes_a_late_start() -> None:
+    # Issue 12 (background-compute at 50 ms steps): ``clocks`` left one node 32 ms off; read
+    # from start times, every round's baseline arrival spread was that offset (35 ms), the
+    # threshold 3x it, and the node that computed 46 ms longer each step was never late
+    # enough. Durations are read on each rank's own clock: the others waited 30 ms for rank 2
+    # whatever rank 1's clock says, and rank 1, punctual, is not late.
+    assert _late(_late_job(skew=35 * MS)) == [0.0, 0.0, 2.0]
+    assert _late(_late_job(skew=-35 * MS)) == [0.0, 0.0, 2.0]
+
+
 def test_lateness_explained_by_waiting_elsewhere_is_not_counted() -> None:
     assert _late(_late_job(explained=True)) == [0.0, 0.0, 0.0]
 
@@ -88,12 +100,13 @@ def test_by_key_is_the_median_per_comm_op_bytes() -> None:
     assert signals.key_of(win).shape == (len(win), 3)
 
 
-def _transfer_job(slow_ms: int) -> _Ops:
-    """Communicators a = (0, 1), b = (1, 2); every op takes 10 ms, then ``slow_ms``."""
+def _transfer_job(slow_ms: int, *, rounds_in_window: int = 3, slow_from: int = 0) -> _Ops:
+    """Communicators a = (0, 1), b = (1, 2); every op takes 10 ms, then ``slow_ms`` from the
+    window's round ``slow_from`` on."""
     o = _Ops()
-    for k in range(BASE_ROUNDS + 3):
+    for k in range(BASE_ROUNDS + rounds_in_window):
         t = k * 100 * MS
-        d = (slow_ms if k >= BASE_ROUNDS else 10) * MS
+        d = (slow_ms if k >= BASE_ROUNDS + slow_from else 10) * MS
         for comm, members in (("0xa", (0, 1)), ("0xb", (1, 2))):
             for r in members:
                 o.add(r, comm, k, t + 50 * MS * (comm == "0xb"), t + 50 * MS * (comm == "0xb") + d)
@@ -105,6 +118,21 @@ def test_transfer_slowdown_scores_the_member_shared_by_slowed_communicators() ->
     score, notes = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS)
     assert score.tolist() == [2.0, 4.0, 2.0]  # log2(40 / 10) per slowed communicator
     assert len(notes) == 2 and all("4.0x" in n for n in notes)
+
+
+def test_transfer_is_judged_on_the_windows_recent_rounds() -> None:
+    # Issue 12 (nic-slow at 50 ms and 160 ms steps): a rank that rotated into the sample
+    # stretches the window back to its last visit, before the onset; 4 of the window's 7
+    # rounds are healthy, and their median is the healthy transfer time. The trigger saw the
+    # slowdown at the window's end: the median of the rounds ending in its second half is it.
+    win, base = _transfer_job(40, rounds_in_window=7, slow_from=4).split()
+    score, _ = signals.transfer(win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS)
+    assert not score.any()
+    mid = (BASE_ROUNDS + 3) * 100 * MS + 60 * MS  # after window round 3 ended, before 4's
+    score, notes = signals.transfer(
+        win, base, RANKS, slowdown=1.5, min_excess_ns=1 * MS, recent_ns=mid
+    )
+    assert score.tolist() == [2.0, 4.0, 2.0] and all("4.0x" in n for n in notes)
 
 
 def test_transfer_below_the_ratio_or_excess_is_ignored() -> None:
