@@ -1,11 +1,15 @@
 """``collscope analyze BUNDLE [--json]``: diagnose a bundle offline, as the operator would.
 
     collscope analyze ./bundle            # collective records: trigger, then root cause
+    collscope analyze ./bundle --sampled-only   # the trigger without the job-wide rows
     collscope analyze ./fabric --json     # flows only: black-box diagnosis (LLMPrism)
     collscope analyze ./prof              # functions.jsonl: EROICA localisation
 
 Which analyses run depends on what the bundle holds: collective records (comm/op/state),
 ``flows.jsonl`` and ``functions.jsonl``; the subparser's description says how they combine.
+The collective replay feeds the trigger, each tick, every rank's ``/v1/summaries`` row as the
+live operator pulls them (``analysis/summaries.py``), so that a hang is detected when the
+operator would detect it; ``--sampled-only`` replays with the sampled ranks' windows alone.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from collscope.nodeagent.bundle import reader
-from collscope.operator.analysis import diagnosis
+from collscope.operator.analysis import diagnosis, summaries
 from collscope.operator.analysis import engine as analysis
 from collscope.operator.analysis.flows import engine as flow_analysis
 from collscope.operator.analysis.flows import table as flow_table
@@ -27,8 +31,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ana = sub.add_parser(
         "analyze",
         help="diagnose a trace bundle",
-        description="Replay a trace bundle as the operator would (sampled trigger every "
-        "second, then root cause on the trigger window) and print the diagnosis. A bundle "
+        description="Replay a trace bundle as the operator would (trigger every second on "
+        "the sampled ranks' windows plus every rank's /v1/summaries row for the job-wide hang "
+        "check, then root cause on the trigger window) and print the diagnosis. A bundle "
         "with flows.jsonl and no collective records (comm/op/state) gets the black-box "
         "flow diagnosis instead (LLMPrism: jobs, DP/PP pairs and step timelines from flows, "
         "k-sigma across steps, DP groups and switches). With both, the collective "
@@ -43,6 +48,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="print the Diagnosis JSON of docs/spec/bundle-v1.md instead of a summary",
     )
+    ana.add_argument(
+        "--sampled-only",
+        action="store_true",
+        help="replay the trigger on the sampled ranks' windows alone, without every rank's "
+        "summary row each tick (the job-wide hang check the live operator runs): detects "
+        "hangs as collscope did before it pulled those rows, later or at the same tick",
+    )
     ana.set_defaults(func=run)
 
 
@@ -55,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if len(flows) and not collective:
         result = flow_analysis.diagnose_flows(flows, job=bundle.job)
     elif collective or not len(patterns):
-        result = analysis.diagnose(bundle)
+        rows = None if args.sampled_only else summaries.Summaries()
+        result = analysis.diagnose(bundle, summaries=rows)
         if len(flows):
             flow_result = flow_analysis.diagnose_flows(flows, job=bundle.job)
             result = flow_analysis.combine(result, flow_result)
