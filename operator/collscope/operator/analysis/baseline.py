@@ -2,9 +2,9 @@
 
 Three baselines, each from a paper:
 
-- stall threshold per communicator (hang trigger): ``max(floor + usual stall, k * p99)``,
-  p99 of its recent operation durations, the usual stall the p99 of the longest stall its
-  completed operations showed (durations where nothing shows progress; the floor derived in
+- stall threshold per communicator (hang trigger): ``max(floor + usual stall, k * usual
+  stall)``, the usual stall the p99 of the longest stall each of its completed operations
+  showed (its duration where nothing shows progress; the floor derived in
   ``trigger.TriggerSettings``). CCL-D
   §4.2.1 sets the hang threshold "considering such long operations"
   (checkpoints, synchronisation); learning it per communicator keeps a legitimately long
@@ -72,8 +72,9 @@ class Baselines:
         self._base_span_ns = base_span_ns
         self._normal_history = normal_history
         self._durations: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=history))
-        # Per communicator: the longest stall (time without progress, ``inflight``) each
-        # completed operation showed in its state samples, where flows show progress.
+        # Per communicator: for each completed operation, the longest stall (time without
+        # progress, ``inflight``) as far as it is known: what its flow-carrying state samples
+        # showed, else its duration (``learn_stall``).
         self._stalls: dict[int, deque[int]] = defaultdict(lambda: deque(maxlen=history))
         self._keys: dict[Key, _KeyBase] = {}
         self._throughput: dict[int, deque[float]] = defaultdict(
@@ -138,7 +139,8 @@ class Baselines:
 
     # -- queries --------------------------------------------------------------------------------
     def learn_stall(self, comm: int, stall_ns: int) -> None:
-        """Feed the longest stall one completed operation of ``comm`` showed (each op once)."""
+        """Feed one completed operation's longest stall, each op once: the longest its state
+        samples showed where flows show progress, else its duration (an upper bound)."""
         self._stalls[comm].append(stall_ns)
 
     def stall_threshold_ns(
@@ -148,18 +150,25 @@ class Baselines:
         floor_ns: int,
         k: float,
         add_p99: bool = False,
-        min_stalls: int = 1,
     ) -> int:
         """``max(floor, k * p99)`` of the communicator's recent durations, or, with
-        ``add_p99``, ``max(floor + usual stall, k * p99)``: the floor is a delay on top of the
-        longest stall the communicator's operations usually show (see
-        ``trigger.TriggerSettings.proxy_hiccup_s``). That usual stall is the p99 of the
-        longest stall of each completed operation (``learn_stall``) once ``min_stalls`` are
-        known, else the p99 of durations: an operation's duration bounds its stalls, and is
-        all that is known where nothing shows progress. A bandwidth-bound operation that
+        ``add_p99``, ``max(floor + usual stall, k * usual stall)``: the floor is a delay on top
+        of the longest stall the communicator's operations usually show (see
+        ``trigger.TriggerSettings.proxy_hiccup_s``), and CCL-D's allowance for "such long
+        operations" (§4.2.1, ``k``) applies to what the rule measures, the stall: an operation
+        that moves data for 0.6 s does not stall for 4 x 0.6 s.
+
+        The usual stall is the p99, over the completed operations, of each one's longest stall
+        as far as it is known (``learn_stall``): the longest its flow-carrying samples showed,
+        else its duration, which bounds it. Every operation counts, with the tightest bound
+        known of it, so the statistic covers as many operations as the durations do and needs
+        no minimum of its own (Mycroft §4.3, "stuck for a long time": what is long is judged
+        against what this communicator's operations showed). A bandwidth-bound operation that
         moves data all along (eval-dev's 0.3 s DP AllReduce: its stalls stay under 10 ms)
         lasts far longer than it ever stalls; a pipeline receive waits without progress for
-        its sender, and that wait is its stall."""
+        its sender, and that wait is its stall; an operation no sample caught (shorter than a
+        sampling interval) or one without flows (intra-node) counts with its duration. Where
+        no stall is known at all, the durations' p99."""
         d = self._durations.get(comm)
         if not d:
             return floor_ns
@@ -167,10 +176,8 @@ class Baselines:
         if not add_p99:
             return max(floor_ns, int(k * p99))
         st = self._stalls.get(comm)
-        usual = p99
-        if st is not None and len(st) >= min_stalls:
-            usual = float(np.percentile(np.fromiter(st, dtype=np.int64), 99))
-        return max(floor_ns + int(usual), int(k * p99))
+        usual = float(np.percentile(np.fromiter(st, dtype=np.int64), 99)) if st else p99
+        return max(floor_ns + int(usual), int(k * usual))
 
     def durations_seen(self, comm: int) -> int:
         """How many recent durations of the communicator are known (up to ``history``)."""

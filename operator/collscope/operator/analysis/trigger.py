@@ -87,29 +87,29 @@ class TriggerSettings:
     # A state older than this many measured intervals (and a rank that wrote since) is not
     # current: one late or missed sample is tolerated (per-rank sampling phases), two are not.
     state_max_age_intervals: float = 2.0
-    # The stall threshold of a communicator is max(k * p99, floor + usual stall): p99 of its
-    # recent operation durations (0 before any is known), usual stall the p99 of the longest
-    # stall each of its completed operations showed (``baseline.stall_threshold_ns``). The
-    # floor is the longest stall that is not a hang, as the sampled state can show it: a
-    # proxy that sleeps ``proxy_hiccup_s`` and resumes (Mycroft §7.1 fault #7 injects a 1 s
-    # sleep in sendProxyProgress; it is a slowdown, ``slow.host``, caught by the bursty-stall
-    # rule below), seen through states at most ``state_max_age_intervals`` sampling intervals
-    # old (a stall that already ended looks that much longer until the next sample shows
-    # progress). A rank waiting on the sleeping proxy also waits as long as its operations
-    # usually stall (a pipeline receive waits for its sender), hence ``+ usual stall``: not
-    # ``+ p99`` of durations, which a bandwidth-bound operation (eval-dev's 0.3 s DP
-    # AllReduce, stalls under 10 ms) spends moving data. The interval is the one measured in
-    # the bundle (``inflight.infer_interval_ns``), so 100 ms sampling gives 1.2 s and 200 ms
-    # 1.4 s. ``hang_floor_s`` set overrides the derived floor (the TrainingJob's
-    # hangFloorSeconds): then the threshold is max(floor, k * p99).
+    # The stall threshold of a communicator is max(floor + usual stall, k * usual stall), the usual
+    # stall the p99 of the longest stall each of its completed operations showed, its duration where
+    # no sample showed it (``baseline.stall_threshold_ns``; 0 before any operation is known). The
+    # floor is the longest stall that is not a hang, as the sampled state can show it: a proxy that
+    # sleeps ``proxy_hiccup_s`` and resumes (Mycroft §7.1 fault #7 injects a 1 s sleep in
+    # sendProxyProgress; it is a slowdown, ``slow.host``, caught by the bursty-stall rule below),
+    # seen through states at most ``state_max_age_intervals`` sampling intervals old (a stall that
+    # already ended looks that much longer until the next sample shows progress). A rank waiting on
+    # the sleeping proxy also waits as long as its operations usually stall (a pipeline receive
+    # waits for its sender), hence ``+ usual stall``: not ``+ p99`` of durations, which a
+    # bandwidth-bound operation (eval-dev's 0.3 s DP AllReduce, stalls under 10 ms) spends moving
+    # data. The interval is the one measured in the bundle (``inflight.infer_interval_ns``), so 100
+    # ms sampling gives 1.2 s and 200 ms 1.4 s. ``hang_floor_s`` set overrides the derived floor
+    # (the TrainingJob's hangFloorSeconds): then the threshold is max(floor, k * p99).
     hang_floor_s: float | None = None
     proxy_hiccup_s: float = 1.0
-    # Completed operations of a communicator whose longest stall is known (their state samples
-    # carried flows) before that stall replaces the duration p99 (an upper bound of it) in
-    # the threshold: as ``episode_min_history``, enough to say what usual is.
+    # Completed operations of a communicator that no sampled rank knows the job-wide check
+    # must have seen in the summaries before it judges it (``jobwide``): as
+    # ``episode_min_history``, enough to say what usual is.
     stall_min_ops: int = 8
-    hang_k: float = 4.0  # ... k * p99: a communicator's ops last up to 4x its p99 (CCL-D
-    # §4.2.1 sets the threshold "considering such long operations"; 4 is picked, not CCL-D's)
+    hang_k: float = 4.0  # ... k * usual stall: a communicator's ops stall up to 4x their
+    # usual stall (CCL-D §4.2.1 sets the threshold "considering such long operations"; 4 is
+    # picked, not CCL-D's). With ``hang_floor_s`` set, k * p99 of durations, as CCL-D.
     # Durations kept per communicator for that p99: a p99 needs ~100 samples to mean anything,
     # 512 keep ~5 above it. A count, not a time: a 10 s-step job keeps more history.
     hang_history: int = 512
@@ -301,6 +301,12 @@ class TriggerState:
                 self._first_ns[r] = first
         if view is None or self._seen_ns is None or not joined:
             return
+        got = _flow_samples(view, -1, self._seen_ns)
+        if got is not None:  # what the joined ranks' samples showed while they were away
+            st, idle = got
+            away = np.asarray([left_ns.get(r, self._seen_ns) for r in st["rank"].tolist()])
+            mine = st["ts"] > away
+            self._note_samples(st[mine], idle[mine])
         ops = view.ops[np.isin(view.ops["rank"], joined) & (view.ops["ts"] <= self._seen_ns)]
         after = np.asarray([left_ns[r] for r in ops["rank"].tolist()], dtype=np.int64)
         ops = ops[ops["ts"] > after]
@@ -310,6 +316,7 @@ class TriggerState:
         for r, ts in zip(ops["rank"].tolist(), ops["ts"].tolist(), strict=True):
             self._first_ns.setdefault(r, ts)
         self.base.learn_ops(ops)
+        self._learn_stalls(ops)
 
     # -- learning ------------------------------------------------------------------------------
     def _learn(self, ops: tables.Table, t_ns: int) -> None:
@@ -324,11 +331,15 @@ class TriggerState:
         runs = zip(new["op"].tolist(), new["bytes"].tolist(), new["comm"].tolist(), strict=True)
         for o, b, c in set(runs):
             self._runs.setdefault((o, b), set()).add(c)
-        keys = zip(new["rank"].tolist(), new["comm"].tolist(), new["seq"].tolist(), strict=True)
-        for key in keys:
+        self._learn_stalls(new)
+
+    def _learn_stalls(self, done: tables.Table) -> None:
+        """Each completed operation's longest stall as far as known: the one its flow-carrying
+        samples showed (``_note_stalls``), else its duration (``baseline.learn_stall``)."""
+        keys = zip(done["rank"].tolist(), done["comm"].tolist(), done["seq"].tolist(), strict=True)
+        for key, d in zip(keys, (done["end"] - done["start"]).tolist(), strict=True):
             stall = self._op_stall.pop(key, None)
-            if stall is not None:
-                self.base.learn_stall(key[1], stall)
+            self.base.learn_stall(key[1], int(d) if stall is None else min(stall, int(d)))
 
     def _note_stalls(self, view: tables.Bundle, t_ns: int) -> None:
         """Remember, per operation in flight, the longest stall its state samples since the
@@ -337,9 +348,10 @@ class TriggerState:
         flows: without them a sample does not tell a stall from progress (``inflight``)."""
         lo_ns, self._stall_seen_ns = self._stall_seen_ns, t_ns
         got = _flow_samples(view, lo_ns, t_ns)
-        if got is None:
-            return
-        st, idle = got
+        if got is not None:
+            self._note_samples(*got)
+
+    def _note_samples(self, st: tables.Table, idle: inflight.I64) -> None:
         stall = np.maximum(0, np.minimum(idle, st["ts"] - st["start"])).tolist()
         keys = zip(st["rank"].tolist(), st["comm"].tolist(), st["seq"].tolist(), strict=True)
         for key, v in zip(keys, stall, strict=True):
@@ -369,7 +381,6 @@ class TriggerState:
                 floor_ns=floor,
                 k=s.hang_k,
                 add_p99=add_p99,
-                min_stalls=s.stall_min_ops,
             )
             # Half way to its own communicator's hang threshold, not to the floor: a pipeline
             # receive that waits a whole forward pass every step (seconds, when steps are
@@ -421,9 +432,7 @@ class TriggerState:
             i = index.get(comm)
             if i is None or self.base.durations_seen(i) == 0:
                 return None
-            return self.base.stall_threshold_ns(
-                i, floor_ns=floor, k=s.hang_k, add_p99=add_p99, min_stalls=s.stall_min_ops
-            )
+            return self.base.stall_threshold_ns(i, floor_ns=floor, k=s.hang_k, add_p99=add_p99)
 
         def twin(op: str, nbytes: int) -> int | None:
             o = view.string_index(op)

@@ -177,19 +177,31 @@ def test_period_pools_one_operation_over_the_communicators_that_run_it() -> None
 
 def test_derived_threshold_adds_the_usual_stall_not_the_duration() -> None:
     # The floor (a proxy sleep) comes on top of how long the communicator's operations usually
-    # go without progress. Ops of 300 ms that move data all along stall for 5 ms: once enough
-    # of their stalls are known, the 300 ms duration no longer lifts the threshold.
+    # go without progress. Ops of 300 ms that move data all along stall for 5 ms: their
+    # stalls, not their 300 ms duration, lift the threshold.
     b = _base()
     b.learn_ops(_ops([[300, 300]] * 4))
     floor = 2 * S
-    assert b.stall_threshold_ns(0, floor_ns=floor, k=4.0, add_p99=True, min_stalls=3) == (
-        floor + 300 * MS
-    )  # too few stalls known: the duration, an upper bound of them
-    for _ in range(3):
+    # nothing known of their stalls: the duration, an upper bound of them
+    assert b.stall_threshold_ns(0, floor_ns=floor, k=4.0, add_p99=True) == floor + 300 * MS
+    for _ in range(8):
         b.learn_stall(0, 5 * MS)
-    assert b.stall_threshold_ns(0, floor_ns=floor, k=4.0, add_p99=True, min_stalls=3) == (
-        floor + 5 * MS
-    )
-    # k x p99 of durations (CCL-D's "such long operations") still stands where it is larger
-    assert b.stall_threshold_ns(0, floor_ns=0, k=4.0, add_p99=True, min_stalls=3) == 1200 * MS
-    assert b.stall_threshold_ns(0, floor_ns=S, k=4.0) == 1200 * MS  # hang_floor_s set: as before
+    assert b.stall_threshold_ns(0, floor_ns=floor, k=4.0, add_p99=True) == floor + 5 * MS
+
+
+def test_long_operations_allowance_applies_to_the_stall() -> None:
+    # CCL-D's k x "such long operations" scales what the rule measures: an op that moves data
+    # for 600 ms and stalls 5 ms is not allowed 4 x 600 ms without progress; one whose usual
+    # stall is 600 ms (a pipeline receive waiting for its sender) is.
+    b = _base()
+    b.learn_ops(_ops([[600, 600]] * 4))
+    for _ in range(8):
+        b.learn_stall(0, 5 * MS)
+    assert b.stall_threshold_ns(0, floor_ns=S, k=4.0, add_p99=True) == S + 5 * MS
+    w = _base()
+    w.learn_ops(_ops([[600, 600]] * 4))
+    for _ in range(8):
+        w.learn_stall(0, 600 * MS)
+    assert w.stall_threshold_ns(0, floor_ns=S, k=4.0, add_p99=True) == 2400 * MS
+    # hang_floor_s set: max(floor, k x p99 of durations), as CCL-D
+    assert w.stall_threshold_ns(0, floor_ns=S, k=4.0) == 2400 * MS
