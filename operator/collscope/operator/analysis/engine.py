@@ -7,8 +7,10 @@ It replays a bundle the way the operator lives through a job (docs/design.md, "D
    least one per DP group (Mycroft §4.3), part of them rotating over the DP groups when there
    are more (``rotation``: every group watched within ``ceil(groups / 10) * 3`` ticks);
 2. ticks every ``tick_s`` from the bundle's first timestamp to its last (and the last one
-   itself); at each tick the trigger (``trigger``, Mycroft Algorithm 1 + CCL-D §4.2.1) sees only
-   the records of the ranks sampled at that tick with ts <= tick;
+   itself); at each tick the trigger (``trigger``, Mycroft Algorithm 1 + CCL-D §4.2.1) sees the
+   records of the ranks sampled at that tick with ts <= tick and, when ``summaries`` is given
+   (``analysis/summaries.py``: ``collscope analyze`` and the operator's Diagnosis replay),
+   every rank's ``/v1/summaries`` row for the job-wide hang check (``jobwide``), as live;
 3. at the first trigger, the window of *every* rank around it is cut (``view``: Mycroft §5.1's
    (t - Δ, t], stretched back to the start of the stall or slowdown, plus the baseline history
    a slowdown is judged against) and root-cause analysis runs on it (``liveness``, then
@@ -65,12 +67,23 @@ class AnalysisSettings:
     # sampled ranks' windows. The replay ticks as the operator does. A time of the operator,
     # not of the job: the trigger's windows span whole steps whatever the tick.
     tick_s: float = 1.0
-    # Ticks replayed after the last record before a gap (the rest of a gap holds no data and
-    # is skipped, so ticks are bounded by the records, not by the span). It must outlast every
-    # hang threshold, max(floor + usual stall, hang_k x p99 of durations): 300 s covers a
-    # pipeline receive that waits up to 75 s every step (hang_k = 4). Picked; steps of a
-    # minute or more would need it larger.
+    # How long the replay keeps ticking after the last record before a gap in the records (a
+    # time of the job; the rest of the gap holds no data and is skipped, so ticks are bounded
+    # by the records, not by the span: issue 15 item 3). A hang whose ranks stop writing
+    # (dead, frozen, lost: no state samples either) is judged within it only if it outlasts
+    # the longest hang threshold the trigger can apply, max(floor + usual stall, hang_k x
+    # usual stall) <= floor + hang_k x step, a usual stall being at most one step (a pipeline
+    # receive waits through its sender's compute). So the replay keeps ticking
+    # max(idle_replay_s, floor + idle_replay_periods x the measured step): the floor is the
+    # trigger's (``TriggerState.hang_floor_ns``: 1 s plus two measured sampling intervals, or
+    # the TrainingJob's hangFloorSeconds) and the step ``baseline.period_ns``, so neither a
+    # step length nor a sampling interval is assumed. idle_replay_s is what holds before any
+    # step is measured (a job that stops within its first steps): 300 s, a hang of steps up
+    # to ~75 s long (hang_k = 4); at most 300 ticks of 1 s per gap. idle_replay_periods =
+    # 2 x hang_k: room for steps that vary. Both picked; below 75 s steps and 150 s sampling
+    # the 300 s minimum is the value (eval-dev's and the simulator's cases unchanged).
     idle_replay_s: float = 300.0
+    idle_replay_periods: float = 8.0
     max_sampled: int = 10  # Mycroft §4.3: at most 10 ranks watched at each tick
     # Δ of the failure window (t - Δ, t] (Mycroft §5.1): the records the hang analysis reads.
     # It only needs each rank's latest state and completions at t, and reaches back past the
@@ -128,7 +141,13 @@ def diagnose(
     first, last = span
     step = int(settings.tick_s * NS)
     replayed: list[int] = []  # tick times: as many as records allow, never as a span asks
-    for i, t in enumerate(_ticks(bundle, first, last, step, int(settings.idle_replay_s * NS))):
+
+    def idle() -> int:  # the time ticked after the last record (``idle_replay_s``)
+        floor, _ = state.hang_floor_ns()
+        steps = int(settings.idle_replay_periods * (state.base.period_ns() or 0))
+        return max(int(settings.idle_replay_s * NS), floor + steps)
+
+    for i, t in enumerate(_ticks(bundle, first, last, step, idle)):
         replayed.append(t)
         state.watch(plan.at(i), watched)
         hit = state.update(watched, t, None if summaries is None else summaries(bundle, t))
@@ -156,15 +175,18 @@ def diagnose(
     )
 
 
-def _ticks(bundle: tables.Bundle, first: int, last: int, step: int, idle: int) -> Iterator[int]:
+def _ticks(
+    bundle: tables.Bundle, first: int, last: int, step: int, idle: Callable[[], int]
+) -> Iterator[int]:
     """The replay's tick times: ``first + k * step`` (k >= 1) before ``last``, then ``last``.
 
     Bounded by the records, never by the span (issue 15 item 3: one record at ``ts = 1``
-    asked for 1.8e9 ticks): where no record falls within ``idle`` ns before a tick, the
-    replay jumps to the last grid tick before the next record. Nothing changes there (the
-    trigger sees no new data; a hang is judged within ``idle``), so a bundle without such
-    gaps replays every grid tick, as before. At most ``records x (idle / step + 1) + 1``
-    ticks; the record times are only gathered when the grid is longer than that could be.
+    asked for 1.8e9 ticks): where no record falls within ``idle()`` ns before a tick (asked
+    after each tick was replayed: it grows with the step measured so far), the replay jumps
+    to the last grid tick before the next record. Nothing changes there (the trigger sees no
+    new data; a hang is judged within ``idle()``), so a bundle without such gaps replays every
+    grid tick, as before. At most ``records x (idle / step + 1) + 1`` ticks; the record times
+    are only gathered when the grid is longer than ``_PLAIN_TICKS`` plus the records.
     """
     grid = max(0, (last - first - 1) // step)
     parts = [t["ts"] for t in (bundle.comms, bundle.ops, bundle.states, bundle.hw) if len(t)]
@@ -178,7 +200,7 @@ def _ticks(bundle: tables.Bundle, first: int, last: int, step: int, idle: int) -
         yield t
         t += step
         k = int(np.searchsorted(times, t, side="right"))  # records at or before t
-        if t - int(times[k - 1]) > idle and k < len(times):
+        if k < len(times) and t - int(times[k - 1]) > idle():
             t = max(t, first + (int(times[k]) - first) // step * step)
     yield last
 
