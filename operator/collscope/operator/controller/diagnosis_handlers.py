@@ -51,7 +51,7 @@ from typing import Any, cast
 import kopf
 
 from collscope.operator import errors
-from collscope.operator.analysis import diagnosis, engine
+from collscope.operator.analysis import diagnosis, engine, summaries
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller import evidence, profile_handlers, remediator, trigger_loop
 from collscope.operator.controller import state as state_mod
@@ -309,7 +309,11 @@ async def analyse(
     """Pull the window of every rank of ``job`` and run root-cause analysis on it.
 
     The replay watches the ranks the trigger watched when it opened this Diagnosis (with a
-    rotating sample, the current ones may be other groups'), else the ones watched now."""
+    rotating sample, the current ones may be other groups'), else the ones watched now. The
+    window holds every rank, so each replayed tick also gets every rank's summary row
+    (``analysis.summaries``, the agent's own builder) for the job-wide hang check, as the
+    live trigger pulled them and as ``collscope analyze`` replays: the replay finds a hang of
+    unsampled ranks when the live trigger would, not later when it reaches the sampled ones."""
     cfg, meters = state.settings, state.metrics
     key = (namespace, job)
     rt = state.jobs.setdefault(key, jobs.JobRuntime())
@@ -337,7 +341,11 @@ async def analyse(
     sampled = [int(r) for r in watched if r in rt.ranks] or None
     try:
         result = await asyncio.to_thread(
-            engine.diagnose, bundle, jobs.analysis_settings(tj_spec), sampled=sampled
+            engine.diagnose,
+            bundle,
+            jobs.analysis_settings(tj_spec),
+            sampled=sampled,
+            summaries=summaries.Summaries(),
         )
     except Exception as e:  # MemoryError included: the engine's failure is this Diagnosis's
         raise errors.AnalysisError(f"analysis failed: {type(e).__name__}: {e}".rstrip(": ")) from e

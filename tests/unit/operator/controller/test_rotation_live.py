@@ -3,11 +3,11 @@ cut from a simulated job instead of pulled from agents: each tick the watched ra
 ``JobRuntime.resample``, a tick where one joins reaches back ``join_history_s``, the window is
 numbered by ``JobRuntime.numbering`` and fed through ``TriggerState.watch`` and ``update``; the
 Diagnosis then replays ``JobRuntime.diagnosis_window_s`` of every rank with the ranks watched
-when it fired (``diagnosis_handlers.analyse``)."""
+when it fired and every rank's summary row each tick (``diagnosis_handlers.analyse``)."""
 
 from __future__ import annotations
 
-from collscope.operator.analysis import engine, trigger, view
+from collscope.operator.analysis import engine, summaries, trigger, view
 from collscope.operator.domain import groups, ids, jobs, settings
 from collscope.operator.simulator import config, truth
 from collscope.operator.simulator import engine as simulator
@@ -57,5 +57,7 @@ def test_a_slow_nic_outside_the_first_sample_is_found_live() -> None:
     assert (t - span[0]) // NS == 12 and rt.tick == 12  # ticks 10-12 s: the group's 2nd visit
     assert rt.diagnosis_window_s(10.0, 1.0) == 16.0
     cut = view.select(bundle, since_ns=t - 16 * NS, until_ns=t)
-    d = engine.diagnose(cut, analysis, sampled=[int(r) for r in sample])
+    # As diagnosis_handlers.analyse: the watched ranks, and every rank's summary row each tick.
+    sampled = [int(r) for r in sample]
+    d = engine.diagnose(cut, analysis, sampled=sampled, summaries=summaries.Summaries())
     assert d.anomaly and d.category == "slow.network" and d.culprits[0].rank == 54
