@@ -13,7 +13,15 @@ lasts ~0.16 s x scale: 0.3 -> ~50 ms, 63 -> ~10 s). It then runs ``analysis.engi
 fed every rank's job-wide summary each tick as bench/accuracy.py and collscope analyze do
 (``analysis.summaries.Summaries()``; ``--sampled-only``: the sampled ranks' windows alone),
 and counts a case right when the top culprit is a truth culprit and the category is the
-expected one (a fault-free case: no anomaly). The unit test
+expected one (a fault-free case: no anomaly).
+
+Benign pauses (issue 12) are fault-free cases named like faults, right only when nothing is
+raised: ``pause-checkpoint`` (every rank stops for 2, 8 or 30 s by seed, writers saving while
+the rest wait in a 4-byte barrier), ``pause-eval`` (3, 10 or 20 s of forward-only
+iterations) and ``wide-round`` (one rank starts one iteration 0.3, 0.6 or 0.9 s late). Each
+starts at 40 % of the run's base length and the run is longer by the pause. ``EVENT+FAULT``
+(e.g. ``pause-eval+nic-slow``) puts the fault's onset after the pause, 60 % of the base
+length plus the pause, and is judged as the fault. The unit test
 ``tests/unit/operator/analysis/test_time_invariance.py`` draws the same shifts with hypothesis
 for four faults; this script covers every fault family on a grid.
 """
@@ -34,6 +42,12 @@ from collscope.operator.simulator import engine as simulator
 
 STEP_S_PER_SCALE = 0.16
 JITTERS = (0.0, 0.03, 0.05)
+# Benign events by name: kind and length per seed (seed mod 3), seconds.
+BENIGN: dict[str, tuple[config.BenignKind, tuple[float, float, float]]] = {
+    "pause-checkpoint": ("checkpoint", (2.0, 8.0, 30.0)),
+    "pause-eval": ("eval", (3.0, 10.0, 20.0)),
+    "wide-round": ("wide-round", (0.3, 0.6, 0.9)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +70,16 @@ def run(c: Case) -> tuple[Case, bool, str]:
         bwd_compute_ms=w.bwd_compute_ms * c.scale,
         compute_jitter=JITTERS[c.seed % len(JITTERS)],
     )
-    duration = max(10.0, 20 * STEP_S_PER_SCALE * c.scale)
+    base = max(10.0, 20 * STEP_S_PER_SCALE * c.scale)
+    names = c.fault.split("+")
+    fault = next((n for n in names if n not in BENIGN), "none")
+    events = tuple(
+        config.Benign(BENIGN[n][0], 0.4 * base, BENIGN[n][1][c.seed % 3])
+        for n in names
+        if n in BENIGN
+    )
+    shift = sum(ev.length_s for ev in events)
+    duration = base + shift
     sim = simulator.simulate(
         config.SimConfig(
             ranks=c.ranks,
@@ -64,13 +87,14 @@ def run(c: Case) -> tuple[Case, bool, str]:
             pp=c.pp,
             dp=c.ranks // 8 // c.pp,
             duration_s=duration,
-            onset_s=0.6 * duration,
-            fault=truth.Fault.from_name(c.fault),
+            onset_s=0.6 * base + shift,
+            fault=truth.Fault.from_name(fault),
             seed=c.seed,
             state_interval_ms=c.interval_ms,
             clock_skew_ms=c.skew_ms,
             sample_phase=True,
             workload=w,
+            benign=events,
         )
     )
     d = engine.diagnose(sim.bundle, summaries=summaries.Summaries() if c.jobwide else None)

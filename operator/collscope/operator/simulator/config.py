@@ -15,6 +15,7 @@ from collscope.operator.simulator import truth
 
 Algo = Literal["ring", "tree"]
 DpMode = Literal["rs-ag", "allreduce"]
+BenignKind = Literal["checkpoint", "eval", "wide-round"]
 
 # 2026-01-01T00:00:00Z in ns: a fixed epoch makes bundles byte-for-byte reproducible per seed.
 DEFAULT_START_NS = 1_767_225_600_000_000_000
@@ -48,6 +49,26 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Benign:
+    """A pause that training jobs take on purpose: part of the workload, never a fault.
+
+    A run with benign events is still fault-free (its truth names no culprit); the analysis
+    must raise nothing for it (issue 12). ``simulator.benign`` says what each kind does:
+
+    - ``checkpoint``: the job stops issuing training collectives for ``length_s`` (the writers
+      save their shard, everyone else waits in ``dist.barrier()``, a 4-byte world AllReduce);
+    - ``eval``: ``length_s`` of forward-only iterations (TP and PP continue, no backward, no DP);
+    - ``wide-round``: one rank starts an iteration ``length_s`` late once (a data-loader hiccup).
+
+    It happens at the first iteration boundary at which every rank has passed ``at_s``.
+    """
+
+    kind: BenignKind
+    at_s: float
+    length_s: float
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """A whole simulation. ``ranks`` must equal tp*pp*dp; ``validate()`` says what is wrong."""
 
@@ -77,6 +98,7 @@ class SimConfig:
     declare_parallelism: bool = True  # write parallelism into job.json (False: analysis infers)
     fabric: Fabric = field(default_factory=Fabric)
     workload: Workload = field(default_factory=Workload)
+    benign: tuple[Benign, ...] = ()  # checkpoint / eval / wide-round events of the workload
 
     @property
     def nodes(self) -> int:
@@ -113,6 +135,12 @@ class SimConfig:
             )
         if self.severity is not None and self.severity <= 1.0:
             raise errors.SimulationError(f"severity is a slowdown factor > 1 (got {self.severity})")
+        for ev in self.benign:
+            if not 0 < ev.at_s < self.duration_s or ev.length_s <= 0:
+                raise errors.SimulationError(
+                    f"benign {ev.kind} must start inside the run (0, {self.duration_s}) and "
+                    f"last > 0 s (got at {ev.at_s}, length {ev.length_s})"
+                )
 
 
 def default_parallelism(ranks: int, gpus_per_node: int = 8) -> tuple[int, int, int]:

@@ -5,21 +5,30 @@ it is stuck forever). A ``Compute`` step advances its ranks' clocks by a jittere
 ``Phase`` takes its members' clocks as entry times, is timed chunk by chunk
 (``collectives``), emitted at once (``emit``; the per-chunk arrays are then dropped, so memory
 stays bounded by one phase) and sets each member's clock to its end. The run stops when every
-clock has passed ``duration_s`` or is stuck. Randomness comes from independent seeded streams
-(compute jitter here, culprit choice, stalls and clock offsets elsewhere) so a healthy and a
-faulty run of one seed share their jitter up to onset.
+clock has passed ``duration_s`` or is stuck. Benign events of the workload (``benign``:
+checkpoints, evaluation passes, one late rank) run between iterations. Randomness comes from
+independent seeded streams (compute jitter here, culprit choice, stalls and clock offsets
+elsewhere) so a healthy and a faulty run of one seed share their jitter up to onset.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from collscope.nodeagent.bundle import tables
 from collscope.operator import errors
-from collscope.operator.simulator import collectives, config, emit, faults, program, topology
+from collscope.operator.simulator import (
+    benign,
+    collectives,
+    config,
+    emit,
+    faults,
+    program,
+    topology,
+)
 from collscope.operator.simulator import truth as truth_mod
 
 
@@ -83,22 +92,36 @@ def _run(
     clock = np.zeros(cfg.ranks)
     seqs = np.zeros(len(topo.comms), dtype=np.int64)
     fx = inj.fx
-    steps = list(program.iteration(cfg, topo))
-    while True:
-        before = clock.copy()
-        for step in steps:
+
+    def run(todo: Iterable[program.Step]) -> bool:
+        """Run ``todo`` (consumed lazily); True once every clock has passed the run's end."""
+        for step in todo:
             if isinstance(step, program.Compute):
                 noise = jitter_rng.standard_normal(len(step.ranks))
                 t0 = clock[step.ranks]
                 span = step.base_s * np.maximum(1.0 + cfg.workload.compute_jitter * noise, 0.5)
                 mult = np.where(t0 >= fx.onset, fx.compute_mult[step.ranks], 1.0)
                 clock[step.ranks] = t0 + span * mult
+            elif isinstance(step, program.Delay):
+                clock[step.ranks] += step.seconds
             else:
                 _phase(cfg, topo, inj, builder=builder, clk=clk, phase=step, clock=clock, seqs=seqs)
             slowest = float(clock.min())
             if slowest >= cfg.duration_s:
-                return
+                return True
             progress(slowest / cfg.duration_s)
+        return False
+
+    steps = list(program.iteration(cfg, topo))
+    pending = sorted(enumerate(cfg.benign), key=lambda e: e[1].at_s)
+    while True:
+        before = clock.copy()
+        while pending and float(clock.min()) >= pending[0][1].at_s:
+            i, ev = pending.pop(0)
+            if run(benign.steps(i, ev, cfg, topo, clock)):
+                return
+        if run(steps):
+            return
         if not np.any(clock > before):  # e.g. zero layers and no DP/PP: nothing ever happens
             raise errors.SimulationError("an iteration of this workload takes no time")
 

@@ -199,6 +199,8 @@ def _crossing_ranks(topo: topology.Topology) -> set[int]:
     """Ranks with at least one ring/p2p hop to another node."""
     out: set[int] = set()
     for c in topo.comms:
+        if c.kind == "world":  # only barriers run on it (``benign``): no data crosses there
+            continue
         mem = c.members
         hops = (
             [(mem[0], mem[1])] if len(mem) == 2 else list(zip(mem, mem[1:] + mem[:1], strict=True))

@@ -12,7 +12,9 @@ The job as a whole is the same work batched by kind, in an order every rank's ow
 respects: AllGather of every DP group; then for s ascending the (s-1 -> s) send/recv pairs and
 the layers of stage s; then for s descending the (s+1 -> s) pairs and the backward layers; then
 the DP reduction. A ``Compute`` step advances the clocks of its ranks; a ``Phase`` is one
-operation of every group of one kind, timed together (see ``collectives``).
+operation of every group of one kind, timed together (see ``collectives``). An evaluation
+iteration (``train=False``) is the forward half alone: no DP AllGather, no backward, no DP
+reduction. A ``Delay`` holds ranks off communication for given times (``benign``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
 
 from collscope.operator.simulator import config, topology
 
@@ -56,7 +61,15 @@ class Phase:
         return (self.op,) * int(self.groups.shape[1])
 
 
-Step = Compute | Phase
+@dataclass(frozen=True)
+class Delay:
+    """Rank ``ranks[i]`` does no communication for ``seconds[i]`` (no jitter: a given pause)."""
+
+    ranks: topology.IntArray
+    seconds: npt.NDArray[np.float64]
+
+
+Step = Compute | Phase | Delay
 
 
 def _allreduce(
@@ -71,13 +84,23 @@ def _allreduce(
     return Phase("ring", "AllReduce", groups, comms, nbytes, "Ring", dp)
 
 
-def iteration(cfg: config.SimConfig, topo: topology.Topology) -> Iterator[Step]:
-    """The steps of one training iteration, in an order consistent with every rank's program."""
+def iteration(
+    cfg: config.SimConfig, topo: topology.Topology, *, train: bool = True
+) -> Iterator[Step]:
+    """The steps of one training iteration (``train=False``: one evaluation iteration, the
+    forward pass alone), in an order consistent with every rank's program."""
     w = cfg.workload
     dp_groups, dp_comm = topo.dp_groups, topo.dp_comm
+    stages = range(cfg.pp)
+    if not train:
+        for s in stages:
+            if s > 0:
+                pairs, comms = topo.pp_pairs[s - 1], topo.pp_comm[s - 1]
+                yield Phase("p2p", "SendRecv", pairs, comms, w.pp_bytes, "", False)
+            yield from _layers(cfg, topo, s, w.fwd_compute_ms)
+        return
     if cfg.dp > 1 and cfg.dp_mode == "rs-ag":
         yield Phase("ring", "AllGather", dp_groups, dp_comm, w.dp_bytes, "Ring", True)
-    stages = range(cfg.pp)
     for s in stages:
         if s > 0:
             yield Phase(

@@ -10,7 +10,9 @@ Communicators, one per group, each listing its members in ring order (= comm_ran
 - ``tp<g>``: the ``tp`` ranks sharing (pp_i, dp_i), ordered by tp_i;
 - ``dp<g>``: the ``dp`` ranks sharing (pp_i, tp_i), ordered by dp_i;
 - ``pp<s>-<s+1>.<j>``: the 2-rank send/recv communicator PyTorch creates for pipeline ``j``
-  between stages ``s`` and ``s+1`` (member 0 on stage s).
+  between stages ``s`` and ``s+1`` (member 0 on stage s);
+- ``world``: every rank, only when the workload checkpoints (``dist.barrier()`` runs on the
+  default process group).
 
 Group arrays are ``[groups, members]`` of global ranks; a group's communicator index is in the
 matching ``*_comm`` array and its stage in ``*_stage``.
@@ -35,7 +37,7 @@ class Comm:
 
     cid: str
     name: str
-    kind: str  # "tp", "dp" or "pp"
+    kind: str  # "tp", "dp", "pp" or "world"
     members: tuple[int, ...]
     nnodes: int
 
@@ -60,6 +62,7 @@ class Topology:
     dp_stage: IntArray  # [pp*tp]
     pp_pairs: tuple[IntArray, ...]  # per stage boundary s: [dp*tp, 2] (stage s, stage s+1)
     pp_comm: tuple[IntArray, ...]  # per stage boundary s: [dp*tp]
+    world_comm: int = -1  # the default process group's communicator; -1: none
 
     def node_name(self, node: int) -> str:
         return node_name(node)
@@ -142,6 +145,9 @@ def build(cfg: config.SimConfig) -> Topology:
         )
         pairs.append(pair)
         pair_comms.append(ids)
+    world = (
+        add("world", "world", ranks) if any(ev.kind == "checkpoint" for ev in cfg.benign) else -1
+    )
     return Topology(
         ranks=cfg.ranks,
         gpus_per_node=cfg.gpus_per_node,
@@ -159,4 +165,5 @@ def build(cfg: config.SimConfig) -> Topology:
         dp_stage=np.repeat(np.arange(cfg.pp, dtype=np.int64), cfg.tp),
         pp_pairs=tuple(pairs),
         pp_comm=tuple(pair_comms),
+        world_comm=world,
     )
