@@ -16,8 +16,9 @@ from collscope.nodeagent.bundle import tables
 from collscope.operator.analysis import inflight, placement, view
 
 NS = 1_000_000_000
-# The completion window the operator asks the agents for (trigger_loop.JOBWIDE_WINDOW_S): one
-# tick's worth, since the check reads only each rank's operation in flight and latest completion.
+# The completion window the operator asks the agents for (trigger_loop.JOBWIDE_WINDOW_S is this):
+# one tick's worth, since the check reads only each rank's operation in flight and latest
+# completion.
 WINDOW_S = 1.0
 # The agent's slack for the latest state sample (Service.summaries): two of its sampling
 # periods, the period measured in the bundle (``inflight.infer_interval_ns``) or given; the

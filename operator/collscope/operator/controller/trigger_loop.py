@@ -54,7 +54,7 @@ import kopf
 
 from collscope.nodeagent.bundle import tables
 from collscope.operator import errors
-from collscope.operator.analysis import trigger
+from collscope.operator.analysis import summaries, trigger
 from collscope.operator.clients import agents, kube
 from collscope.operator.controller.state import OperatorState
 from collscope.operator.domain import (
@@ -70,9 +70,9 @@ from collscope.operator.domain import (
 )
 
 NS = 1_000_000_000
-# The completion window of the job-wide summaries: the check reads only each rank's operation in
-# flight and its latest completion, so one tick's worth keeps the agents' work small.
-JOBWIDE_WINDOW_S = 1.0
+# The completion window of the job-wide summaries, one definition with the replay's model of
+# them (``analysis.summaries``, which ``collscope analyze`` and the Diagnosis replay use).
+JOBWIDE_WINDOW_S = summaries.WINDOW_S
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
 
