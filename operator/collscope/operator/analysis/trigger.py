@@ -171,6 +171,10 @@ class TriggerSettings:
     episode_min_history: int = 8
 
 
+# A slow rule's finding: (since, rank, comm or -1, seq or -1, text).
+Finding = tuple[int, int, int, int, str]
+
+
 @dataclass(frozen=True)
 class TriggerResult:
     """The first condition that held. Times in ns."""
@@ -221,6 +225,7 @@ class TriggerState:
         self._stall_seen_ns = -1
         self.jobwide = jobwide.JobWide(history=settings.hang_history)
         self._runs: dict[tuple[int, int], set[int]] = {}  # (op, bytes) -> comms that ran it
+        self._paced: dict[int, set[int]] = {}  # rank -> comms whose interval normal it learned
 
     def update(
         self,
@@ -253,7 +258,8 @@ class TriggerState:
             # The slow streak pauses (neither counts nor resets): a stall is the hang rule's
             # business. Stalls that already resolved are not hangs, so they still count.
             return self._bursty(t_ns, ops)
-        return self._slow(ops, t_ns, now) or self._bursty(t_ns, ops)
+        barrier = view.string_index("AllReduce")
+        return self._slow(ops, t_ns, now, barrier) or self._bursty(t_ns, ops)
 
     def window_ns(self) -> int:
         """Δ of Algorithm 1: ``window_s``, stretched to ``window_periods`` steps of the job."""
@@ -558,12 +564,64 @@ class TriggerState:
 
     # -- slow ----------------------------------------------------------------------------------
     def _slow(
-        self, ops: tables.Table, t_ns: int, now: inflight.InFlight | None = None
+        self,
+        ops: tables.Table,
+        t_ns: int,
+        now: inflight.InFlight | None = None,
+        allreduce: int | None = None,
     ) -> TriggerResult | None:
+        """Algorithm 1 lines 6-8 and CCL-D's ratio on the window; ``allreduce``, the string
+        index of AllReduce (its barriers do not count as waiting, see ``_waited``)."""
         s = self.s
         win_ns = self.window_ns()
-        win_s = win_ns / NS
         w = ops[ops["ts"] > t_ns - win_ns]
+        findings, thr_now, int_now = self._pace(w, t_ns, win_ns)
+        paused = self._idle(w, now, t_ns, allreduce) or (
+            bool(findings) and not self._waited(w, now, t_ns, allreduce)
+        )
+        if paused:
+            # The window holds a span longer than a step in which no watched rank ran a
+            # collective, or throughput fell and completions spaced out while no watched rank
+            # waited inside an operation longer than its baseline: every rank paused outside
+            # communication (a checkpoint, an evaluation pass, a data stall of the whole job).
+            # That is the job's schedule, not a collective slowdown, and no rank could be
+            # named for it.
+            findings = []
+        findings += self._ratio(w)
+        if not findings:
+            self._streak, self._streak_since = 0, None
+            # Algorithm 1 line 9 learns the normals from healthy ticks; a paused one is not
+            # the job's normal pace either: learned, a 30 s checkpoint's ~zero throughput
+            # would become the median normal and hide a slowdown after it.
+            if not paused:
+                self._learn_pace(thr_now, int_now)
+            return None
+        since = min(f[0] for f in findings)
+        self._streak += 1
+        self._streak_since = since if self._streak_since is None else min(self._streak_since, since)
+        if self._streak < s.repeat_ticks:
+            return None
+        top = next((f for f in findings if f[2] >= 0), findings[0])
+        return TriggerResult(
+            kind="slow",
+            at_ns=t_ns,
+            tick_ns=t_ns,
+            since_ns=self._streak_since,
+            ranks=tuple(sorted({f[1] for f in findings})),
+            comm=top[2] if top[2] >= 0 else None,
+            seq=top[3] if top[3] >= 0 else None,
+            reason="; ".join(f[4] for f in findings[:4]),
+        )
+
+    def _pace(
+        self, w: tables.Table, t_ns: int, win_ns: int
+    ) -> tuple[list[Finding], dict[int, float], dict[tuple[int, int], float]]:
+        """Algorithm 1 lines 6-7 per watched rank over the window ``w``: throughput at most
+        ``throughput_drop`` x normal, or a communicator's mean interval between completions
+        at least ``interval_growth`` x normal. Returns the findings and what was measured
+        (throughput per rank, interval per (rank, comm)), for ``_learn_pace``."""
+        s = self.s
+        win_s = win_ns / NS
         # Throughput and op intervals compare whole steps: until the step is known a window
         # may hold none of a long-step job's, so neither is judged nor learned.
         full = (
@@ -571,7 +629,7 @@ class TriggerState:
             if self.base.period_ns() is not None
             else []
         )
-        findings: list[tuple[int, int, int, int, str]] = []  # (since, rank, comm, seq, text)
+        findings: list[Finding] = []
         thr_now: dict[int, float] = {}
         int_now: dict[tuple[int, int], float] = {}
         for r in full:
@@ -608,43 +666,73 @@ class TriggerState:
                             f"#{c} {iv / 1e6:.1f} ms, normal {ni / 1e6:.1f} ms",
                         )
                     )
-        if findings and not self._waited(w, now, t_ns):
-            # Throughput fell and completions spaced out, but no watched rank waited inside an
-            # operation longer than its baseline: every rank paused outside communication (a
-            # checkpoint, an evaluation pass, a data stall of the whole job). That is the job's
-            # schedule, not a collective slowdown, and no rank could be named for it.
-            findings = []
-        findings += self._ratio(w)
-        if not findings:
-            self._streak, self._streak_since = 0, None
-            self.base.learn_tick(thr_now, int_now)
-            return None
-        since = min(f[0] for f in findings)
-        self._streak += 1
-        self._streak_since = since if self._streak_since is None else min(self._streak_since, since)
-        if self._streak < s.repeat_ticks:
-            return None
-        top = next((f for f in findings if f[2] >= 0), findings[0])
-        return TriggerResult(
-            kind="slow",
-            at_ns=t_ns,
-            tick_ns=t_ns,
-            since_ns=self._streak_since,
-            ranks=tuple(sorted({f[1] for f in findings})),
-            comm=top[2] if top[2] >= 0 else None,
-            seq=top[3] if top[3] >= 0 else None,
-            reason="; ".join(f[4] for f in findings[:4]),
-        )
+        return findings, thr_now, int_now
 
-    def _waited(self, w: tables.Table, now: inflight.InFlight | None, t_ns: int) -> bool:
+    def _learn_pace(self, thr_now: dict[int, float], int_now: dict[tuple[int, int], float]) -> None:
+        """Algorithm 1 line 9 for the ranks whose window holds the job's usual mix of work:
+        every communicator whose interval the rank learned before completed enough operations
+        in it to be measured again. A window in which one went silent (an evaluation pass:
+        TP and PP run at the forward-only pace, no DP gradient reduction) is another
+        workload; learned, its faster TP/PP intervals became the normal, and training's own
+        pace after it read as intervals that doubled."""
+        for r, thr in thr_now.items():
+            mine = {c for (q, c) in int_now if q == r}
+            known = self._paced.setdefault(r, set())
+            if not known <= mine:
+                continue
+            known |= mine
+            ints = {(r, c): int_now[(r, c)] for c in mine}
+            self.base.learn_tick({r: thr}, ints)
+
+    def _idle(
+        self, w: tables.Table, now: inflight.InFlight | None, t_ns: int, allreduce: int | None
+    ) -> bool:
+        """Does the window hold a span longer than one step (``baseline.period_ns``) in which
+        no watched rank had a collective in flight, barriers aside (``_waited``)?
+
+        Every rank of a training job runs collectives every step (Mycroft §4.3 reads the step
+        from them), so a longer silence of all of them is no step at all: the job paused
+        outside communication (a checkpoint, whose writers are outside NCCL while everyone
+        else waits in a barrier). Throughput over such a window falls by the pause's share
+        of it, which is not a slower pace: without this, a 30 s checkpoint in a 10 s-step
+        job's 60 s window halved the throughput, and any ordinary wide round in the rest of
+        the window passed for waiting."""
+        period = self.base.period_ns()
+        if period is None or not self._first_ns:
+            return False
+        lo = max(t_ns - self.window_ns(), min(self._first_ns.values()))
+        start, end = w["start"].astype(np.int64), w["end"].astype(np.int64)
+        data = ~((w["op"] == allreduce) & (w["bytes"] <= self.s.barrier_max_bytes))
+        start, end = start[data], end[data]
+        if now is not None:
+            live = ~((now.op == allreduce) & (now.nbytes <= self.s.barrier_max_bytes))
+            start = np.concatenate([start, now.start[live].astype(np.int64)])
+            end = np.concatenate([end, np.full(int(live.sum()), t_ns, dtype=np.int64)])
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], np.maximum.accumulate(end[order]) if len(end) else end
+        covered = np.maximum(np.concatenate([[lo], end]), lo)  # busy up to here ...
+        nxt = np.concatenate([start, [t_ns]])  # ... until the next collective starts
+        return bool(np.any(nxt - covered > period))
+
+    def _waited(
+        self, w: tables.Table, now: inflight.InFlight | None, t_ns: int, allreduce: int | None
+    ) -> bool:
         """Did a watched rank spend longer inside an operation than that operation's baseline
         (``interval_growth`` x its CCL-D Tbase, learned before and then frozen, plus
         ``slow_min_excess_s``)? Completed ops of the window and ops in flight at ``t`` count;
-        an operation without a baseline yet cannot be cleared, so it counts."""
+        an operation without a baseline yet cannot be cleared, so it counts.
+
+        A barrier (AllReduce of at most ``barrier_max_bytes``, CCL-D §4.2.1) never counts:
+        ``dist.barrier()`` is how ranks wait for a peer that is *outside* communication (rank
+        0 writing a checkpoint), so the time spent in it is the pause itself, not a transfer
+        that slowed. It carries no data to be slow, and it has no baseline (once per
+        checkpoint), so without this rule every checkpoint pause would count as waiting."""
         s = self.s
         excess = s.slow_min_excess_s * NS
 
         def too_long(key: tuple[int, int, int], dur: int) -> bool:
+            if key[1] == allreduce and key[2] <= s.barrier_max_bytes:
+                return False
             tb = self.base.tbase_ns(key)
             return tb is None or dur > s.interval_growth * tb + excess
 
