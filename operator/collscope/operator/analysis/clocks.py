@@ -10,11 +10,26 @@ Mechanism. An operation that spans nodes completes on all its members at nearly 
 instant: in NCCL's ring the last step's chunk reaches every rank within one network step of the
 others, a tree's result is broadcast down in a few hops, and a Send completes when its
 receiver's last chunk landed (the Recv's end). The spread of one round's end times is one chunk
-transfer (microseconds to a few milliseconds), far below the skew. So a node's offset is the
-median, over the multi-node rounds it takes part in, of its members' mean end minus the round's
-median end. The round median itself carries the other nodes' offsets, so the estimate is
-refined on the corrected times a few times (each pass removes most of the remaining bias; a
-Gauss-Seidel pass on the median problem). Offsets are relative to the median node.
+transfer (microseconds to a few milliseconds), far below the skew. This is the observation
+Mycroft (a collective's members finish together, so one member's late start is the others'
+wait) and CCL-D (cross-rank comparison of one collective's progress) build on; the solve below
+is ours.
+
+Solve. A round's node deviates from the round's median end (over its nodes' mean ends) by its
+offset minus the median of the round's nodes' offsets, which is the same for every round of one
+communicator (its members do not change): per (communicator, node), the median deviation over
+the communicator's rounds is o[node] - c[communicator], with a standard error from the rounds'
+spread (robust to rounds that did not end together). Node offsets o and one nuisance c per
+communicator are solved jointly: weighted least squares (weights 1 / standard error^2, so a
+communicator whose rounds end exactly together, a Send and its Recv, counts more than one whose
+ends scatter) with a Huber loss by reweighting, by conjugate gradients on the graph Laplacian
+of the node-communicator graph; each connected set of nodes is anchored at its median node.
+Why jointly: nodes i and i + 4 of a TP8xPP2xDP4 job are tied by pipeline Send/Recv as often as
+by the DP collectives of their stage, and the previous estimate (per node, the median of its
+per-round deviations over all its rounds, refined a few passes) sat inside the pipeline
+rounds' cluster of deviations, which cannot see the pair's shared offset: such pairs stayed
+up to 32 ms off after correction (bench/README.md, "Node clocks from the data"). Cost: a few
+sorts of the completions, then a solve over nodes + communicators.
 
 Ranks without a known node (no ``ranks`` in job.json) share one clock: nothing is corrected.
 """
@@ -33,12 +48,25 @@ from collscope.operator.analysis import placement
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
-# Passes of the refinement: each pass shrinks the bias left by other nodes' offsets in the
-# round median by the share of the round on other nodes; four passes bring a 50 ms skew well
-# under a millisecond on rings of 2 or more nodes.
-_PASSES = 4
+# Edge precision and robust solve. An edge is one (communicator, node): its rounds' deviations
+# scatter by _MAD_SIGMA x their median absolute deviation (a normal's sigma), taken as at least
+# _FLOOR_NS (1 ms: a chunk transfer or two; no edge is trusted a thousand times more than
+# another, which also keeps the solve well conditioned); its median's standard error is
+# _MEDIAN_SE x sigma / sqrt(rounds). Huber's loss counts an edge further than _HUBER_K standard
+# errors from the solution with a weight shrinking as 1 / residual (a communicator whose members
+# do not finish together, e.g. one whose ends are staggered around the ring); _IRLS_PASSES
+# reweightings; conjugate gradients stop at _CG_TOL relative to the right-hand side.
+_MAD_SIGMA = 1.4826
+_FLOOR_NS = 1_000_000.0
+_MEDIAN_SE = 1.2533
+_HUBER_K = 2.0
+_IRLS_PASSES = 3
+_CG_TOL = 1e-9
 # Rounds with fewer nodes than this say nothing about offsets.
 _MIN_NODES = 2
+# An edge measured in fewer rounds than this has no spread to weigh it by (e.g. the partial
+# rounds of a hang): left out.
+_MIN_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -62,10 +90,9 @@ class Offsets:
 
 def estimate(bundle: tables.Bundle, where: placement.Placement) -> Offsets:
     """Per-node offsets from the end times of multi-node rounds (see module docstring)."""
-    ops = bundle.ops
     ranks = bundle.ranks.astype(np.int64)
     zero = Offsets(ranks, np.zeros(len(ranks), dtype=np.int64), 0)
-    if len(ops) == 0 or len(ranks) == 0:
+    if len(bundle.ops) == 0 or len(ranks) == 0:
         return zero
     node_names = sorted({n for r in ranks.tolist() if (n := where.node(int(r))) is not None})
     if len(node_names) < _MIN_NODES:
@@ -74,46 +101,137 @@ def estimate(bundle: tables.Bundle, where: placement.Placement) -> Offsets:
     node_of_rank = np.asarray(
         [index.get(where.node(int(r)) or "", -1) for r in ranks.tolist()], dtype=np.int64
     )
-    pos = np.searchsorted(ranks, ops["rank"].astype(np.int64))
-    node = node_of_rank[pos]
-    known = node >= 0
-    # A Send and its Recv share (comm, seq) in NCCL's p2p numbering per peer pair only when
-    # seen from both sides; collectives share (comm, seq) on every member. Rounds are keyed by
-    # (comm, seq, op family): a Send's round is matched with the Recv of the same comm and seq.
-    key = np.stack(
-        [ops["comm"].astype(np.int64), ops["seq"].astype(np.int64)],
-        axis=1,
-    )[known]
-    end = ops["end"].astype(np.int64)[known]
-    node = node[known]
-    if len(key) == 0:
+    found = _rounds(bundle, ranks, node_of_rank)
+    if found is None:
         return zero
+    rid, comm, node, end, n_rounds = found
+    size = len(node_names)
+    c_id, n_id, dev = _deviations(rid, comm, node, end, size)
+    # One edge per (communicator, node): the median deviation, and its standard error from the
+    # rounds' spread (MAD, floored at a chunk transfer) over the square root of their number.
+    ek, einv = np.unique(c_id * size + n_id, return_inverse=True)
+    einv = einv.reshape(-1)
+    d = _group_median(einv, dev, size=len(ek))
+    spread = np.maximum(
+        _MAD_SIGMA * _group_median(einv, np.abs(dev - d[einv]), size=len(ek)), _FLOOR_NS
+    )
+    count = np.bincount(einv)
+    se = _MEDIAN_SE * spread / np.sqrt(count)
+    ok = count >= _MIN_ROUNDS
+    n_comms = int(c_id.max()) + 1
+    # Vertices 0..size-1 are nodes, size + c communicator c's own clock (its rounds' median).
+    off = _solve(size + n_comms, size + ek[ok] // size, ek[ok] % size, d[ok], se[ok], nodes=size)
+    per_rank = np.where(node_of_rank >= 0, np.rint(off[np.clip(node_of_rank, 0, None)]), 0.0)
+    return Offsets(ranks, per_rank.astype(np.int64), n_rounds)
+
+
+def _rounds(
+    bundle: tables.Bundle, ranks: I64, node_of_rank: I64
+) -> tuple[I64, I64, I64, I64, int] | None:
+    """(round id, communicator, node, end) of every completion in a round spanning two or more
+    nodes, and the number of such rounds; None when there are none.
+
+    Rounds are keyed by (comm, seq): a collective's members share them, and a Send shares them
+    with its Recv (the simulator's and NCCL's per-peer p2p numbering, seen from both sides)."""
+    ops = bundle.ops
+    node = node_of_rank[np.searchsorted(ranks, ops["rank"].astype(np.int64))]
+    end = ops["end"].astype(np.int64)
+    known = (node >= 0) & (end > 0)
+    if not known.any():
+        return None
+    comm = ops["comm"].astype(np.int64)[known]
+    key = np.stack([comm, ops["seq"].astype(np.int64)[known]], axis=1)
+    end, node = end[known], node[known]
     _, rid = np.unique(key, axis=0, return_inverse=True)
     rid = rid.reshape(-1)
-    # Keep rounds spanning at least two nodes.
     pair = np.unique(np.stack([rid, node], axis=1), axis=0)
     n_nodes = np.bincount(pair[:, 0], minlength=int(rid.max()) + 1)
     keep = n_nodes[rid] >= _MIN_NODES
     if not keep.any():
-        return zero
-    rid, node, end = rid[keep], node[keep], end[keep]
+        return None
+    rounds = int(np.count_nonzero(n_nodes >= _MIN_NODES))
+    return rid[keep], comm[keep], node[keep], end[keep], rounds
+
+
+def _deviations(rid: I64, comm: I64, node: I64, end: I64, n: int) -> tuple[I64, I64, F64]:
+    """(communicator, node, deviation) per (round, node): the node's members' mean end minus
+    the median over the round's nodes of theirs. The ends of a round are one instant, so the
+    deviation is the node's offset minus the median of the round's nodes' offsets (the same for
+    every round of a communicator: its members do not change), plus a chunk transfer of
+    jitter."""
     t0 = int(end.min())
-    endf = (end - t0).astype(np.float64)
-    off = np.zeros(len(node_names))
-    for _ in range(_PASSES):
-        corr = endf - off[node]
-        med = _group_median(rid, corr)
-        dev = corr - med[rid]
-        # One value per (round, node): the mean deviation of the node's members in the round.
-        rn = rid * len(node_names) + node
-        u, inv = np.unique(rn, return_inverse=True)
-        inv = inv.reshape(-1)
-        mean_dev = np.bincount(inv, weights=dev) / np.bincount(inv)
-        step = _group_median(u % len(node_names), mean_dev, size=len(node_names))
-        off = off + step
-        off = off - float(np.median(off))
-    per_rank = np.where(node_of_rank >= 0, np.rint(off[np.clip(node_of_rank, 0, None)]), 0.0)
-    return Offsets(ranks, per_rank.astype(np.int64), int(n_nodes[n_nodes >= _MIN_NODES].size))
+    u, inv = np.unique(rid * n + node, return_inverse=True)
+    inv = inv.reshape(-1)
+    mean = np.bincount(inv, weights=(end - t0).astype(np.float64)) / np.bincount(inv)
+    r_u = u // n
+    c_u = np.zeros(len(u), dtype=np.int64)
+    c_u[inv] = comm
+    _, c_u = np.unique(c_u, return_inverse=True)
+    med = _group_median(r_u, mean)
+    return c_u.reshape(-1), u % n, mean - med[r_u]
+
+
+def _solve(n: int, a: I64, b: I64, d: F64, se: F64, *, nodes: int) -> F64:
+    """Offsets ``o`` of the first ``nodes`` of ``n`` vertices minimising
+    sum_e rho((o[b] - o[a] - d[e]) / se[e]), rho Huber's with scale ``_HUBER_K`` (iteratively
+    reweighted least squares from weights 1 / se^2), each connected set anchored at its median
+    node; nodes on no edge get 0."""
+    off = np.zeros(n)
+    w0 = 1.0 / se**2
+    w = w0
+    for _ in range(_IRLS_PASSES):
+        off = _cg(n, a, b, d, w=w, x=off)
+        t = np.abs(off[b] - off[a] - d) / se
+        w = w0 * np.minimum(1.0, _HUBER_K / np.maximum(t, 1e-9))
+    comp = _components(n, a, b)[:nodes]
+    return off[:nodes] - _group_median(comp, off[:nodes], size=n)[comp]
+
+
+def _cg(n: int, a: I64, b: I64, d: F64, *, w: F64, x: F64) -> F64:
+    """Solve the weighted graph Laplacian system L x = B^T W d by Jacobi-preconditioned
+    conjugate gradients from ``x`` (L is singular per connected set; the right-hand side sums to
+    zero on each, so the iterates stay consistent and the median anchoring fixes the constant)."""
+
+    def lap(v: F64) -> F64:
+        f = w * (v[b] - v[a])
+        out = np.bincount(b, weights=f, minlength=n) - np.bincount(a, weights=f, minlength=n)
+        return out.astype(np.float64)
+
+    rhs = np.bincount(b, weights=w * d, minlength=n) - np.bincount(a, weights=w * d, minlength=n)
+    deg = np.bincount(a, weights=w, minlength=n) + np.bincount(b, weights=w, minlength=n)
+    inv_deg = np.where(deg > 0, 1.0 / np.where(deg > 0, deg, 1.0), 0.0)
+    x = x.copy()
+    r = rhs - lap(x)
+    z = r * inv_deg
+    p = z.copy()
+    rz = float(r @ z)
+    tol = _CG_TOL * max(float(np.sqrt(rhs @ (rhs * inv_deg))), 1.0)
+    for _ in range(4 * n + 50):
+        if np.sqrt(max(rz, 0.0)) <= tol:
+            break
+        lp = lap(p)
+        alpha = rz / float(p @ lp)
+        x += alpha * p
+        r -= alpha * lp
+        z = r * inv_deg
+        rz_new = float(r @ z)
+        p = z + (rz_new / rz) * p
+        rz = rz_new
+    return x
+
+
+def _components(n: int, a: I64, b: I64) -> I64:
+    """Connected set of each node (the smallest node id in it) by label propagation."""
+    label = np.arange(n, dtype=np.int64)
+    while True:
+        low = np.minimum(label[a], label[b])
+        new = label.copy()
+        np.minimum.at(new, a, low)
+        np.minimum.at(new, b, low)
+        new = new[new]
+        if np.array_equal(new, label):
+            return label
+        label = new
 
 
 def _group_median(group: I64, values: F64, *, size: int | None = None) -> F64:
