@@ -39,27 +39,9 @@ from collscope.operator.domain import jobs, policy, remediation, settings, statu
 from collscope.operator.onebox import box, faults
 
 # kmock 0.8's load_bundled() uses importlib.resources.read_binary, deprecated in Python 3.11.
-# Known open defect, not hidden from the notes: in 1 of 3 clean-clone runs an aiohttp client
-# session of this process (not collscope's code: only nodeagent/auth.py makes one, and no agent
-# here runs it), connected to both one-box agents, was collected unclosed during the
-# no-hardware scenario, and pytest turned the ResourceWarnings into a failure of a test whose
-# assertions all held. Only those four unraisable warnings of aiohttp client objects and their
-# sockets are let through here; everything this file asserts still fails it.
-_UNCLOSED_AIOHTTP = [
-    pytest.mark.filterwarnings(
-        f"ignore:Exception ignored in. {what}:pytest.PytestUnraisableExceptionWarning"
-    )
-    for what in (
-        "<socket.socket",
-        "<function _SelectorTransport.__del__",
-        "<function BaseConnector.__del__",
-        "<function ClientSession.__del__",
-    )
-]
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning"),
-    *_UNCLOSED_AIOHTTP,
 ]
 E2E = Any  # conftest.E2E: conftest modules cannot be imported under --import-mode=importlib
 SEED = 7  # puts nic-down on rank 5 of node-1 (faults.choose): GPU 1 and mlx5_1 of node-1
