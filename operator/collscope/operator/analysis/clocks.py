@@ -64,9 +64,6 @@ _IRLS_PASSES = 3
 _CG_TOL = 1e-9
 # Rounds with fewer nodes than this say nothing about offsets.
 _MIN_NODES = 2
-# An edge measured in fewer rounds than this has no spread to weigh it by (e.g. the partial
-# rounds of a hang): left out.
-_MIN_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -115,12 +112,12 @@ def estimate(bundle: tables.Bundle, where: placement.Placement) -> Offsets:
     spread = np.maximum(
         _MAD_SIGMA * _group_median(einv, np.abs(dev - d[einv]), size=len(ek)), _FLOOR_NS
     )
-    count = np.bincount(einv)
-    se = _MEDIAN_SE * spread / np.sqrt(count)
-    ok = count >= _MIN_ROUNDS
+    # One round has no spread: the floor. A trigger window of 2 s holds a round or two of each
+    # DP communicator; they still count (leaving them out left nodes 25 ms off there).
+    se = _MEDIAN_SE * spread / np.sqrt(np.bincount(einv))
     n_comms = int(c_id.max()) + 1
     # Vertices 0..size-1 are nodes, size + c communicator c's own clock (its rounds' median).
-    off = _solve(size + n_comms, size + ek[ok] // size, ek[ok] % size, d[ok], se[ok], nodes=size)
+    off = _solve(size + n_comms, size + ek // size, ek % size, d, se, nodes=size)
     per_rank = np.where(node_of_rank >= 0, np.rint(off[np.clip(node_of_rank, 0, None)]), 0.0)
     return Offsets(ranks, per_rank.astype(np.int64), n_rounds)
 
