@@ -161,12 +161,7 @@ class Cluster(Kube):
 
     async def get_diagnosis(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Diagnosis as the API server holds it now; None when it is gone."""
-        obj = await self._call(
-            f"reading Diagnosis {namespace}/{name}",
-            self._objects.get_namespaced_custom_object,
-            GROUP, VERSION, namespace, DIAGNOSES, name,
-        )  # fmt: skip
-        return None if obj is None else dict(obj)
+        return await self._get_custom("Diagnosis", DIAGNOSES, namespace, name)
 
     async def delete_diagnosis(self, namespace: str, name: str) -> None:
         """Delete a Diagnosis; one already gone is not an error."""
@@ -177,10 +172,16 @@ class Cluster(Kube):
         )  # fmt: skip
 
     async def get_trainingjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self._get_custom("TrainingJob", TRAININGJOBS, namespace, name)
+
+    async def _get_custom(
+        self, kind: str, plural: str, namespace: str, name: str
+    ) -> dict[str, Any] | None:
+        """One of our custom resources as the API server holds it now; None when it is gone."""
         obj = await self._call(
-            f"reading TrainingJob {namespace}/{name}",
+            f"reading {kind} {namespace}/{name}",
             self._objects.get_namespaced_custom_object,
-            GROUP, VERSION, namespace, TRAININGJOBS, name,
+            GROUP, VERSION, namespace, plural, name,
         )  # fmt: skip
         return None if obj is None else dict(obj)
 
